@@ -1,0 +1,342 @@
+//! The `Backend` trait: memory and the ops of the Llama 3.1 / Mixtral graphs.
+//!
+//! Each op is a provided method that runs the op's check (`ops::check_*`) and then hands the
+//! checked dims to the backend's `exec_*` kernel. Data-dependent checks (token ids below the
+//! vocabulary, slots and positions inside the cache, gather indices) are the kernel's: the CPU
+//! backends make them before writing anything and return the typed error.
+
+use crate::ops::{
+    self, AttnDims, GatherDims, KvCacheLayer, Linear, LinearDims, RopeDims, RowsDims, SamplingParams,
+    TopKDims,
+};
+use crate::{DType, Error, Result, Rope, Storage, Tensor, tensor};
+
+/// A device that can hold tensors and run the graph's ops.
+pub trait Backend: Send + Sync {
+    /// Memory of this device.
+    type Storage: Storage;
+
+    /// Short name (`cpu`, `cpu-ref`, `cuda`, ...).
+    fn name(&self) -> &'static str;
+
+    // ---- memory (kernels) -------------------------------------------------------------------
+
+    /// A zero-filled buffer of `bytes` bytes.
+    fn exec_alloc(&self, bytes: usize) -> Result<Self::Storage>;
+    /// Copies host `bytes` into `dst`; lengths are checked equal.
+    fn exec_write(&self, dst: &mut Self::Storage, bytes: &[u8]) -> Result<()>;
+    /// Copies `src` into host `out`; lengths are checked equal.
+    fn exec_read(&self, src: &Self::Storage, out: &mut [u8]) -> Result<()>;
+    /// Waits until all queued work is done.
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+
+    // ---- op kernels: called with checked dims -----------------------------------------------
+
+    fn exec_linear(
+        &self,
+        d: LinearDims,
+        x: &Tensor<Self::Storage>,
+        w: &Linear<Self::Storage>,
+        y: &mut Tensor<Self::Storage>,
+    ) -> Result<()>;
+    fn exec_rms_norm(
+        &self,
+        d: RowsDims,
+        x: &Tensor<Self::Storage>,
+        weight: &Tensor<Self::Storage>,
+        eps: f32,
+        y: &mut Tensor<Self::Storage>,
+    ) -> Result<()>;
+    fn exec_rope(
+        &self,
+        d: RopeDims,
+        x: &mut Tensor<Self::Storage>,
+        positions: &Tensor<Self::Storage>,
+        rope: &Rope,
+    ) -> Result<()>;
+    fn exec_silu_mul(
+        &self,
+        d: RowsDims,
+        gate: &Tensor<Self::Storage>,
+        up: &Tensor<Self::Storage>,
+        out: &mut Tensor<Self::Storage>,
+    ) -> Result<()>;
+    fn exec_add_assign(
+        &self,
+        d: RowsDims,
+        x: &mut Tensor<Self::Storage>,
+        y: &Tensor<Self::Storage>,
+    ) -> Result<()>;
+    fn exec_embedding(
+        &self,
+        d: GatherDims,
+        table: &Linear<Self::Storage>,
+        ids: &Tensor<Self::Storage>,
+        out: &mut Tensor<Self::Storage>,
+    ) -> Result<()>;
+    fn exec_kv_store(
+        &self,
+        d: AttnDims,
+        k: &Tensor<Self::Storage>,
+        v: &Tensor<Self::Storage>,
+        cache: &mut KvCacheLayer<Self::Storage>,
+        slots: &Tensor<Self::Storage>,
+        positions: &Tensor<Self::Storage>,
+    ) -> Result<()>;
+    #[allow(clippy::too_many_arguments)]
+    fn exec_attention(
+        &self,
+        d: AttnDims,
+        q: &Tensor<Self::Storage>,
+        cache: &KvCacheLayer<Self::Storage>,
+        slots: &Tensor<Self::Storage>,
+        positions: &Tensor<Self::Storage>,
+        scale: f32,
+        out: &mut Tensor<Self::Storage>,
+    ) -> Result<()>;
+    fn exec_router_topk(
+        &self,
+        d: TopKDims,
+        logits: &Tensor<Self::Storage>,
+        ids: &mut Tensor<Self::Storage>,
+        weights: &mut Tensor<Self::Storage>,
+    ) -> Result<()>;
+    fn exec_argmax(
+        &self,
+        d: RowsDims,
+        logits: &Tensor<Self::Storage>,
+        out: &mut Tensor<Self::Storage>,
+    ) -> Result<()>;
+    fn exec_sample(
+        &self,
+        d: RowsDims,
+        logits: &Tensor<Self::Storage>,
+        params: &SamplingParams,
+        seed: u64,
+        step: u64,
+        out: &mut Tensor<Self::Storage>,
+    ) -> Result<()>;
+    fn exec_gather_rows(
+        &self,
+        d: GatherDims,
+        src: &Tensor<Self::Storage>,
+        idx: &Tensor<Self::Storage>,
+        out: &mut Tensor<Self::Storage>,
+    ) -> Result<()>;
+    fn exec_scatter_add_rows(
+        &self,
+        d: GatherDims,
+        dst: &mut Tensor<Self::Storage>,
+        idx: &Tensor<Self::Storage>,
+        src: &Tensor<Self::Storage>,
+        weights: &Tensor<Self::Storage>,
+    ) -> Result<()>;
+
+    // ---- memory (checked) -------------------------------------------------------------------
+
+    /// A zero-filled tensor.
+    fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<Tensor<Self::Storage>> {
+        let bytes = tensor::nbytes(dtype, shape)?;
+        Tensor::new(self.exec_alloc(bytes)?, dtype, shape)
+    }
+
+    /// A tensor holding `bytes` (the little-endian elements of `dtype`, row-major).
+    fn upload(&self, dtype: DType, shape: &[usize], bytes: &[u8]) -> Result<Tensor<Self::Storage>> {
+        let mut t = self.alloc(dtype, shape)?;
+        self.write(&mut t, bytes)?;
+        Ok(t)
+    }
+
+    /// f32 values stored as `dtype` (rounded to nearest even; fp8 saturating).
+    fn upload_f32(&self, dtype: DType, shape: &[usize], values: &[f32]) -> Result<Tensor<Self::Storage>> {
+        let bytes = crate::dtype::encode_f32(dtype, values)
+            .ok_or_else(|| ops::arg("upload_f32", format!("{dtype} is not a float type")))?;
+        self.upload(dtype, shape, &bytes)
+    }
+
+    fn upload_u32(&self, shape: &[usize], values: &[u32]) -> Result<Tensor<Self::Storage>> {
+        self.upload(DType::U32, shape, bytemuck::cast_slice(values))
+    }
+
+    /// Overwrites a tensor's bytes.
+    fn write(&self, dst: &mut Tensor<Self::Storage>, bytes: &[u8]) -> Result<()> {
+        if bytes.len() != dst.nbytes() {
+            return Err(Error::ByteLength {
+                dtype: dst.dtype(),
+                shape: dst.shape().to_vec(),
+                expected: dst.nbytes(),
+                got: bytes.len(),
+            });
+        }
+        self.exec_write(dst.storage_mut(), bytes)
+    }
+
+    /// The tensor's bytes.
+    fn read(&self, src: &Tensor<Self::Storage>) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; src.nbytes()];
+        self.exec_read(src.storage(), &mut out)?;
+        Ok(out)
+    }
+
+    /// A float tensor widened to f32.
+    fn read_f32(&self, src: &Tensor<Self::Storage>) -> Result<Vec<f32>> {
+        let bytes = self.read(src)?;
+        crate::dtype::decode_f32(src.dtype(), &bytes)
+            .ok_or_else(|| ops::arg("read_f32", format!("{} is not a float type", src.dtype())))
+    }
+
+    fn read_u32(&self, src: &Tensor<Self::Storage>) -> Result<Vec<u32>> {
+        ops::expect_dtype("read_u32", "src", src.dtype(), &[DType::U32])?;
+        Ok(self.read(src)?.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    }
+
+    // ---- ops (checked) ----------------------------------------------------------------------
+
+    /// `y[m, n] = x[m, k] . W[n, k]^T` (GEMV for m = 1, GEMM above), W dequantised by its scale.
+    fn linear(
+        &self,
+        x: &Tensor<Self::Storage>,
+        w: &Linear<Self::Storage>,
+        y: &mut Tensor<Self::Storage>,
+    ) -> Result<()> {
+        let d = ops::check_linear(x, w, y)?;
+        self.exec_linear(d, x, w, y)
+    }
+
+    /// RMSNorm of each row, times `weight`.
+    fn rms_norm(
+        &self,
+        x: &Tensor<Self::Storage>,
+        weight: &Tensor<Self::Storage>,
+        eps: f32,
+        y: &mut Tensor<Self::Storage>,
+    ) -> Result<()> {
+        let d = ops::check_rms_norm(x, weight, eps, y)?;
+        self.exec_rms_norm(d, x, weight, eps, y)
+    }
+
+    /// Rotary embedding of `x [rows, heads, head_dim]` in place at `positions [rows]`.
+    fn rope(
+        &self,
+        x: &mut Tensor<Self::Storage>,
+        positions: &Tensor<Self::Storage>,
+        rope: &Rope,
+    ) -> Result<()> {
+        let d = ops::check_rope(x, positions, rope)?;
+        self.exec_rope(d, x, positions, rope)
+    }
+
+    /// `out = silu(gate) * up`.
+    fn silu_mul(
+        &self,
+        gate: &Tensor<Self::Storage>,
+        up: &Tensor<Self::Storage>,
+        out: &mut Tensor<Self::Storage>,
+    ) -> Result<()> {
+        let d = ops::check_same_f32("silu_mul", &[("gate", gate), ("up", up), ("out", out)])?;
+        self.exec_silu_mul(d, gate, up, out)
+    }
+
+    /// `x += y` (the residual connection).
+    fn add_assign(&self, x: &mut Tensor<Self::Storage>, y: &Tensor<Self::Storage>) -> Result<()> {
+        let d = ops::check_same_f32("add_assign", &[("x", x), ("y", y)])?;
+        self.exec_add_assign(d, x, y)
+    }
+
+    /// `out[r] = table[ids[r]]`, dequantised to f32; an id beyond the table is `TokenOutOfRange`.
+    fn embedding(
+        &self,
+        table: &Linear<Self::Storage>,
+        ids: &Tensor<Self::Storage>,
+        out: &mut Tensor<Self::Storage>,
+    ) -> Result<()> {
+        let d = ops::check_embedding(table, ids, out)?;
+        self.exec_embedding(d, table, ids, out)
+    }
+
+    /// Writes this step's keys and values into the cache at `(slots[r], positions[r])`.
+    fn kv_store(
+        &self,
+        k: &Tensor<Self::Storage>,
+        v: &Tensor<Self::Storage>,
+        cache: &mut KvCacheLayer<Self::Storage>,
+        slots: &Tensor<Self::Storage>,
+        positions: &Tensor<Self::Storage>,
+    ) -> Result<()> {
+        let d = ops::check_kv_store(k, v, cache, slots, positions)?;
+        self.exec_kv_store(d, k, v, cache, slots, positions)
+    }
+
+    /// Causal grouped-query attention of each query row over its sequence's cached positions
+    /// `0..=positions[r]`.
+    fn attention(
+        &self,
+        q: &Tensor<Self::Storage>,
+        cache: &KvCacheLayer<Self::Storage>,
+        slots: &Tensor<Self::Storage>,
+        positions: &Tensor<Self::Storage>,
+        scale: f32,
+        out: &mut Tensor<Self::Storage>,
+    ) -> Result<()> {
+        let d = ops::check_attention(q, cache, slots, positions, scale, out)?;
+        self.exec_attention(d, q, cache, slots, positions, scale, out)
+    }
+
+    /// Softmax over experts, top-k, renormalised.
+    fn router_topk(
+        &self,
+        logits: &Tensor<Self::Storage>,
+        k: usize,
+        ids: &mut Tensor<Self::Storage>,
+        weights: &mut Tensor<Self::Storage>,
+    ) -> Result<()> {
+        let d = ops::check_router_topk(logits, k, ids, weights)?;
+        self.exec_router_topk(d, logits, ids, weights)
+    }
+
+    /// Index of each row's largest logit (the lowest index among equals; NaN never wins).
+    fn argmax(&self, logits: &Tensor<Self::Storage>, out: &mut Tensor<Self::Storage>) -> Result<()> {
+        let d = ops::check_pick("argmax", logits, out)?;
+        self.exec_argmax(d, logits, out)
+    }
+
+    /// One token per row drawn from softmax(logits / temperature) restricted to the top-k and then
+    /// the top-p nucleus, with the uniform `ops::sample_uniform(seed, step, row)`.
+    fn sample(
+        &self,
+        logits: &Tensor<Self::Storage>,
+        params: &SamplingParams,
+        seed: u64,
+        step: u64,
+        out: &mut Tensor<Self::Storage>,
+    ) -> Result<()> {
+        params.check()?;
+        let d = ops::check_pick("sample", logits, out)?;
+        self.exec_sample(d, logits, params, seed, step, out)
+    }
+
+    /// `out[i] = src[idx[i]]`.
+    fn gather_rows(
+        &self,
+        src: &Tensor<Self::Storage>,
+        idx: &Tensor<Self::Storage>,
+        out: &mut Tensor<Self::Storage>,
+    ) -> Result<()> {
+        let d = ops::check_gather_rows(src, idx, out)?;
+        self.exec_gather_rows(d, src, idx, out)
+    }
+
+    /// `dst[idx[i]] += weights[i] * src[i]`, in order of i.
+    fn scatter_add_rows(
+        &self,
+        dst: &mut Tensor<Self::Storage>,
+        idx: &Tensor<Self::Storage>,
+        src: &Tensor<Self::Storage>,
+        weights: &Tensor<Self::Storage>,
+    ) -> Result<()> {
+        let d = ops::check_scatter_add_rows(dst, idx, src, weights)?;
+        self.exec_scatter_add_rows(d, dst, idx, src, weights)
+    }
+}

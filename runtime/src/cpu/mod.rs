@@ -1,0 +1,33 @@
+//! CPU backends. Both keep tensors in host memory (`HostStorage`), so a tensor made by one can be
+//! passed to the other: the tests run the same inputs through both.
+
+mod fast;
+mod reference;
+
+pub use fast::Fast;
+pub use reference::Reference;
+
+use crate::{Error, HostStorage, Result, Storage};
+
+pub(crate) fn host_alloc(bytes: usize) -> Result<HostStorage> {
+    HostStorage::zeroed(bytes)
+}
+
+pub(crate) fn host_write(dst: &mut HostStorage, bytes: &[u8]) -> Result<()> {
+    let len = dst.len_bytes();
+    let d = dst.bytes_mut().ok_or(Error::ReadOnly { op: "write", tensor: "dst" })?;
+    if len != bytes.len() {
+        return Err(Error::OutOfBounds { what: "write".into(), offset: 0, len: bytes.len(), size: len });
+    }
+    d.copy_from_slice(bytes);
+    Ok(())
+}
+
+pub(crate) fn host_read(src: &HostStorage, out: &mut [u8]) -> Result<()> {
+    let s = src.bytes();
+    if s.len() != out.len() {
+        return Err(Error::OutOfBounds { what: "read".into(), offset: 0, len: out.len(), size: s.len() });
+    }
+    out.copy_from_slice(s);
+    Ok(())
+}

@@ -1,0 +1,206 @@
+//! float8 codecs, written from the formats' definitions.
+//!
+//! A code is `S EEEE MMM` (e4m3) or `S EEEEE MM` (e5m2). A normal code means
+//! `(-1)^S * 2^(E - bias) * (1 + M / 2^m)`, a subnormal (E = 0) `(-1)^S * 2^(1 - bias) * (M / 2^m)`.
+//! The flavours differ in bias and in which codes are special:
+//!
+//! | format   | bias | specials                                   | max finite |
+//! |----------|------|--------------------------------------------|------------|
+//! | e4m3fn   | 7    | NaN = S.1111.111; no infinities; +0 and -0 | 448        |
+//! | e4m3fnuz | 8    | NaN = 0x80; no infinities; one zero        | 240        |
+//! | e5m2     | 15   | E = 11111: M = 0 is ±inf, else NaN; ±0     | 57344      |
+//! | e5m2fnuz | 16   | NaN = 0x80; no infinities; one zero        | 57344      |
+//!
+//! Encoding rounds to nearest, ties to even, and saturates: a finite value beyond the largest
+//! finite code becomes that code with its sign (±448, ±240, ±57344). ±inf becomes ±inf in e5m2 and
+//! the saturated maximum in the formats without infinities. NaN becomes the format's NaN. In the
+//! fnuz formats a value that rounds to zero is +0 (0x00) whatever its sign.
+//!
+//! The same byte means different numbers in e4m3fn and e4m3fnuz: an e4m3fn code read as e4m3fnuz
+//! is worth half as much (bias 8 instead of 7), except 0x80 (-0 in fn, NaN in fnuz), and the fn NaN
+//! codes S.1111.111 read as the fnuz finite values ±240. See [`e4m3fn_to_e4m3fnuz`].
+
+/// The parameters of one fp8 flavour.
+#[derive(Clone, Copy, Debug)]
+struct Format {
+    mant_bits: u32,
+    bias: i32,
+    kind: Kind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// OCP "fn": no infinities, NaN = all exponent and mantissa bits set, two zeros.
+    Fn,
+    /// "fnuz": no infinities, no negative zero, NaN = 0x80.
+    Fnuz,
+    /// IEEE-like: top exponent holds ±inf (M = 0) and NaN.
+    Ieee,
+}
+
+const E4M3FN: Format = Format { mant_bits: 3, bias: 7, kind: Kind::Fn };
+const E4M3FNUZ: Format = Format { mant_bits: 3, bias: 8, kind: Kind::Fnuz };
+const E5M2: Format = Format { mant_bits: 2, bias: 15, kind: Kind::Ieee };
+const E5M2FNUZ: Format = Format { mant_bits: 2, bias: 16, kind: Kind::Fnuz };
+
+impl Format {
+    const fn exp_bits(self) -> u32 {
+        7 - self.mant_bits
+    }
+    const fn exp_max(self) -> u32 {
+        (1 << self.exp_bits()) - 1
+    }
+    const fn mant_mask(self) -> u8 {
+        (1 << self.mant_bits) - 1
+    }
+
+    /// The positive NaN code of the format.
+    const fn nan_code(self) -> u8 {
+        match self.kind {
+            Kind::Fn => 0x7f,
+            Kind::Fnuz => 0x80,
+            // Quiet NaN: top exponent, top mantissa bit.
+            Kind::Ieee => ((self.exp_max() as u8) << self.mant_bits) | (1 << (self.mant_bits - 1)),
+        }
+    }
+
+    /// The largest finite code (positive).
+    const fn max_code(self) -> u8 {
+        match self.kind {
+            // Top exponent with mantissa all ones is NaN, so the max has mantissa 110.
+            Kind::Fn => 0x7e,
+            Kind::Fnuz => 0x7f,
+            // The top exponent is reserved; max is the exponent below it with full mantissa.
+            Kind::Ieee => (((self.exp_max() - 1) as u8) << self.mant_bits) | self.mant_mask(),
+        }
+    }
+
+    fn is_nan(self, code: u8) -> bool {
+        match self.kind {
+            Kind::Fn => code & 0x7f == 0x7f,
+            Kind::Fnuz => code == 0x80,
+            Kind::Ieee => {
+                (code >> self.mant_bits) & self.exp_max() as u8 == self.exp_max() as u8
+                    && code & self.mant_mask() != 0
+            }
+        }
+    }
+
+    fn decode(self, code: u8) -> f32 {
+        if self.is_nan(code) {
+            return f32::NAN;
+        }
+        let negative = code & 0x80 != 0;
+        let e = ((code >> self.mant_bits) as u32) & self.exp_max();
+        let m = (code & self.mant_mask()) as i32;
+        let magnitude = if self.kind == Kind::Ieee && e == self.exp_max() {
+            f64::INFINITY
+        } else if e == 0 {
+            // Subnormal: M / 2^m * 2^(1 - bias).
+            m as f64 * pow2(1 - self.bias - self.mant_bits as i32)
+        } else {
+            ((1 << self.mant_bits) + m) as f64 * pow2(e as i32 - self.bias - self.mant_bits as i32)
+        };
+        // Every fp8 value is exactly representable in f32.
+        let v = magnitude as f32;
+        if negative { -v } else { v }
+    }
+
+    fn encode(self, v: f32) -> u8 {
+        if v.is_nan() {
+            return self.nan_code();
+        }
+        let sign: u8 = if v.is_sign_negative() { 0x80 } else { 0 };
+        let a = (v as f64).abs();
+        let max_code = self.max_code();
+        if a.is_infinite() {
+            return match self.kind {
+                Kind::Ieee => sign | ((self.exp_max() as u8) << self.mant_bits),
+                Kind::Fn | Kind::Fnuz => sign | max_code,
+            };
+        }
+        let max = self.decode(max_code) as f64;
+        // The spacing of representable values around `a`: 2^(1 - bias - m) below the smallest
+        // normal, 2^(floor(log2 a) - m) above.
+        let min_normal_exp = 1 - self.bias;
+        let exp = if a == 0.0 { min_normal_exp } else { exponent_of(a).max(min_normal_exp) };
+        let quantum = pow2(exp - self.mant_bits as i32);
+        // `a / quantum` is exact (power-of-two divisor); round half to even.
+        let q = round_half_even(a / quantum);
+        let r = q * quantum;
+        if r > max {
+            return sign | max_code;
+        }
+        if r == 0.0 {
+            return if self.kind == Kind::Fnuz { 0 } else { sign };
+        }
+        // `r` is representable: rebuild its code (rounding may have carried into the next binade).
+        let r_exp = exponent_of(r);
+        let code = if r_exp < min_normal_exp {
+            (r / pow2(min_normal_exp - self.mant_bits as i32)) as u8
+        } else {
+            let e_field = (r_exp + self.bias) as u8;
+            let m_field = (r / pow2(r_exp - self.mant_bits as i32)) as u32 - (1 << self.mant_bits);
+            (e_field << self.mant_bits) | m_field as u8
+        };
+        sign | code
+    }
+}
+
+fn pow2(e: i32) -> f64 {
+    (e as f64).exp2()
+}
+
+/// floor(log2(a)) for a positive normal f64, read from its exponent field (exact).
+fn exponent_of(a: f64) -> i32 {
+    ((a.to_bits() >> 52) & 0x7ff) as i32 - 1023
+}
+
+fn round_half_even(x: f64) -> f64 {
+    let r = x.round();
+    if (r - x).abs() == 0.5 && r % 2.0 != 0.0 { r - x.signum() } else { r }
+}
+
+pub fn e4m3fn_to_f32(code: u8) -> f32 {
+    E4M3FN.decode(code)
+}
+pub fn e4m3fnuz_to_f32(code: u8) -> f32 {
+    E4M3FNUZ.decode(code)
+}
+pub fn e5m2_to_f32(code: u8) -> f32 {
+    E5M2.decode(code)
+}
+pub fn e5m2fnuz_to_f32(code: u8) -> f32 {
+    E5M2FNUZ.decode(code)
+}
+pub fn f32_to_e4m3fn(v: f32) -> u8 {
+    E4M3FN.encode(v)
+}
+pub fn f32_to_e4m3fnuz(v: f32) -> u8 {
+    E4M3FNUZ.encode(v)
+}
+pub fn f32_to_e5m2(v: f32) -> u8 {
+    E5M2.encode(v)
+}
+pub fn f32_to_e5m2fnuz(v: f32) -> u8 {
+    E5M2FNUZ.encode(v)
+}
+
+/// Reinterprets an e4m3fn code for a device that reads e4m3fnuz: returns the fnuz code whose
+/// value is exactly half the fn value (so the tensor's scale must be doubled), with the fn zero
+/// codes 0x00 and 0x80 both mapped to the fnuz zero 0x00. Returns `None` for the fn NaN codes,
+/// which have no counterpart: a checkpoint holding them is corrupt.
+pub fn e4m3fn_to_e4m3fnuz(code: u8) -> Option<u8> {
+    if E4M3FN.is_nan(code) {
+        None
+    } else if code == 0x80 {
+        Some(0)
+    } else {
+        Some(code)
+    }
+}
+
+/// Table of the 256 f32 values of an fp8 flavour, indexed by code.
+pub fn decode_table(to_f32: fn(u8) -> f32) -> [f32; 256] {
+    std::array::from_fn(|i| to_f32(i as u8))
+}
