@@ -290,7 +290,7 @@ pub fn encode_f32(dtype: DType, values: &[f32]) -> Option<Vec<u8>> {
 
 /// Widens the bytes of a float `dtype` to f32 (exact). `None` for `U32` or a ragged length.
 pub fn decode_f32(dtype: DType, bytes: &[u8]) -> Option<Vec<f32>> {
-    if bytes.len() % dtype.size() != 0 {
+    if !bytes.len().is_multiple_of(dtype.size()) {
         return None;
     }
     with_float_type!(dtype, T => {

@@ -99,7 +99,7 @@ impl Rope {
 
     pub fn check(&self) -> Result<()> {
         let op = "rope";
-        if self.head_dim == 0 || self.head_dim % 2 != 0 {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
             return Err(arg(op, format!("head_dim {} must be even and positive", self.head_dim)));
         }
         if !(self.theta.is_finite() && self.theta > 1.0) {
@@ -440,7 +440,7 @@ pub fn check_attention<S: Storage>(
     expect_dtype(op, "out", out.dtype(), F32_ONLY)?;
     let [rows, heads, _] = expect_shape(op, "q", q.shape(), [None, None, Some(head_dim)])?;
     nonempty(op, "q", q.shape())?;
-    if heads % kv_heads != 0 {
+    if !heads.is_multiple_of(kv_heads) {
         return Err(arg(op, format!("{heads} query heads is not a multiple of {kv_heads} kv heads")));
     }
     expect_shape(op, "out", out.shape(), [Some(rows), Some(heads), Some(head_dim)])?;

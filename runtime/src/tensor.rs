@@ -149,7 +149,7 @@ impl HostStorage {
             return Err(Error::OutOfBounds { what: "mapped tensor".into(), offset, len, size: map.len() });
         }
         let addr = map.as_ptr() as usize + offset;
-        if align > 1 && addr % align != 0 {
+        if align > 1 && !addr.is_multiple_of(align) {
             return Err(Error::Misaligned { what: "mapped tensor".into(), offset, align });
         }
         Ok(HostStorage::Mapped { map, offset, len })
