@@ -194,8 +194,11 @@ fn wall_command(args: &WallArgs) -> Result<(), Error> {
 
     if args.scenarios {
         let shape = RequestShape { input_tokens: args.input_tokens, output_tokens: args.output_tokens };
-        let scenarios =
-            [Scenario::SingleStream, Scenario::Server { tpot_limit_s: args.tpot_ms / 1e3 }, Scenario::Offline];
+        let scenarios = [
+            Scenario::SingleStream,
+            Scenario::Server { tpot_limit_s: args.tpot_ms / 1e3 },
+            Scenario::Offline,
+        ];
         let mut rows = Vec::new();
         let mut text = String::new();
         for m in &models {

@@ -69,10 +69,9 @@ impl WeightDtype {
         match s.to_ascii_lowercase().as_str() {
             "bf16" | "bfloat16" => Ok(WeightDtype::Bf16),
             "fp8" | "float8" | "e4m3" | "e4m3fn" | "e4m3fnuz" => Ok(WeightDtype::Fp8),
-            _ => Err(Error::InvalidArgument {
-                what: "dtype",
-                reason: format!("{s:?}: expected bf16 or fp8"),
-            }),
+            _ => {
+                Err(Error::InvalidArgument { what: "dtype", reason: format!("{s:?}: expected bf16 or fp8") })
+            }
         }
     }
 
@@ -240,7 +239,7 @@ pub fn stored_weight_bytes(config: &ModelConfig, dtype: WeightDtype) -> f64 {
     let layers = config.num_layers as f64;
     let (attn, attn_scales) = attention_bytes(config, dtype);
     let (expert, expert_scales) = expert_bytes(config, dtype);
-    let per_layer = attn + attn_scales + p.experts as f64 * (expert + expert_scales)
-        + (p.router + p.norms) as f64 * BF16;
+    let per_layer =
+        attn + attn_scales + p.experts as f64 * (expert + expert_scales) + (p.router + p.norms) as f64 * BF16;
     (p.embedding + p.lm_head + p.final_norm) as f64 * BF16 + layers * per_layer
 }

@@ -55,7 +55,13 @@ pub fn peak_flops(device: &Device, dtype: WeightDtype) -> Option<f64> {
 }
 
 /// The time floor of one decode step of `batch` sequences at context `context`.
-pub fn step(config: &ModelConfig, dtype: WeightDtype, device: &Device, batch: u64, context: u64) -> StepEstimate {
+pub fn step(
+    config: &ModelConfig,
+    dtype: WeightDtype,
+    device: &Device,
+    batch: u64,
+    context: u64,
+) -> StepEstimate {
     let bytes = count::step_bytes(config, dtype, batch, context);
     let flops = count::step_flops(config, batch, context);
     floor(bytes, flops, device, dtype, batch, context)
@@ -107,7 +113,12 @@ pub fn seed_wall_tokens_per_s(config: &ModelConfig, dtype: WeightDtype, device: 
 /// `flops / peak - bytes / bandwidth` is convex in the batch (FLOPs are linear in it; bytes are
 /// linear plus the concave expected-experts term) and negative at batch 0, so once it turns
 /// non-negative it stays so: a bisection finds the crossing.
-pub fn compute_bound_batch(config: &ModelConfig, dtype: WeightDtype, device: &Device, context: u64) -> Option<u64> {
+pub fn compute_bound_batch(
+    config: &ModelConfig,
+    dtype: WeightDtype,
+    device: &Device,
+    context: u64,
+) -> Option<u64> {
     let peak = peak_flops(device, dtype)?;
     let compute_bound = |b: u64| {
         let bytes = count::step_bytes(config, dtype, b, context).total();

@@ -38,7 +38,9 @@ impl Model {
             let config = ModelConfig::from_file(path)?;
             // `ckpt/config.json` is named after `ckpt`; `tiny.json` after `tiny`.
             let name = match (path.file_name(), path.parent()) {
-                (Some(f), Some(dir)) if f == "config.json" && !dir.as_os_str().is_empty() => display_name(dir),
+                (Some(f), Some(dir)) if f == "config.json" && !dir.as_os_str().is_empty() => {
+                    display_name(dir)
+                }
                 _ => path.file_stem().map_or_else(|| arg.to_string(), |s| s.to_string_lossy().into_owned()),
             };
             return Ok(Model { name, config });
@@ -293,7 +295,10 @@ pub fn render_scenarios(model: &str, device: &str, rows: &[ScenarioEstimate]) ->
             ]
         })
         .collect();
-    format!("Scenarios for {model} on {device} (floors; queueing not modelled):\n{}", columns(&header, &cells, 1))
+    format!(
+        "Scenarios for {model} on {device} (floors; queueing not modelled):\n{}",
+        columns(&header, &cells, 1)
+    )
 }
 
 /// The text table of the SRAM arithmetic.

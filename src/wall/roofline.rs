@@ -29,8 +29,11 @@ const COLORS: [RGBColor; 8] = [
     RGBColor(23, 190, 207),
 ];
 
-/// One model's decode points: (batch, intensity, attainable FLOP/s).
-pub fn decode_points(model: &Model, dtype: WeightDtype, device: &Device, context: u64) -> Vec<(u64, f64, f64)> {
+/// A decode step on the roofline: (batch, FLOPs per byte, attainable FLOP/s).
+pub type DecodePoint = (u64, f64, f64);
+
+/// One model's decode points.
+pub fn decode_points(model: &Model, dtype: WeightDtype, device: &Device, context: u64) -> Vec<DecodePoint> {
     BATCHES
         .iter()
         .map(|&b| {
@@ -43,10 +46,17 @@ pub fn decode_points(model: &Model, dtype: WeightDtype, device: &Device, context
 /// A value with an SI prefix and up to four significant digits: 3.35e12 -> "3.35 T",
 /// 9.895e14 -> "989.5 T", 1e15 -> "1 P".
 fn si(v: f64) -> String {
-    const PREFIXES: [(f64, &str); 6] = [(1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, "")];
+    const PREFIXES: [(f64, &str); 6] =
+        [(1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, "")];
     let (scale, prefix) = PREFIXES.iter().copied().find(|&(scale, _)| v >= scale).unwrap_or((1.0, ""));
     let x = v / scale;
-    let digits = if x >= 100.0 { 1 } else if x >= 10.0 { 2 } else { 3 };
+    let digits = if x >= 100.0 {
+        1
+    } else if x >= 10.0 {
+        2
+    } else {
+        3
+    };
     let text = format!("{x:.digits$}");
     let text = if text.contains('.') { text.trim_end_matches('0').trim_end_matches('.') } else { &text };
     format!("{text} {prefix}")
@@ -59,7 +69,7 @@ pub fn svg(models: &[Model], dtype: WeightDtype, device: &Device, context: u64) 
     }
     let peak = peak_flops(device, dtype);
     let bw = device.bandwidth;
-    let series: Vec<(&Model, Vec<(u64, f64, f64)>)> =
+    let series: Vec<(&Model, Vec<DecodePoint>)> =
         models.iter().map(|m| (m, decode_points(m, dtype, device, context))).collect();
 
     // Axis ranges: every point, and the ridge with a decade on each side.
@@ -69,7 +79,8 @@ pub fn svg(models: &[Model], dtype: WeightDtype, device: &Device, context: u64) 
     let x_lo = 10f64.powf((x_lo / 2.0).log10().floor());
     // Room right of the ridge for the flat roof and its label.
     let x_hi = 10f64.powf((x_hi * 3.0).max(ridge.unwrap_or(0.0) * 20.0).log10().ceil());
-    let y_hi_data = peak.unwrap_or_else(|| series.iter().flat_map(|(_, p)| p.iter().map(|q| q.2)).fold(0.0, f64::max));
+    let y_hi_data =
+        peak.unwrap_or_else(|| series.iter().flat_map(|(_, p)| p.iter().map(|q| q.2)).fold(0.0, f64::max));
     let y_lo = 10f64.powf((x_lo * bw).log10().floor());
     // Headroom above the roof for the note and the roof's label.
     let y_hi = 10f64.powf((y_hi_data * 30.0).log10().ceil());
@@ -84,7 +95,8 @@ pub fn svg(models: &[Model], dtype: WeightDtype, device: &Device, context: u64) 
         root.fill(&WHITE).map_err(|e| plot(&e))?;
         let peak_text = match peak {
             Some(p) => {
-                let unit = if dtype == WeightDtype::Fp8 && device.fp8_flops.is_some() { "fp8" } else { "bf16" };
+                let unit =
+                    if dtype == WeightDtype::Fp8 && device.fp8_flops.is_some() { "fp8" } else { "bf16" };
                 format!("{}FLOP/s dense {unit}", si(p))
             }
             None => "compute peak unknown".to_string(),
@@ -122,7 +134,9 @@ pub fn svg(models: &[Model], dtype: WeightDtype, device: &Device, context: u64) 
             (None, _) => vec![(x_lo, x_lo * bw), (x_hi, x_hi * bw)],
         };
         let roof_label = match (peak, ridge) {
-            (Some(_), Some(r)) => format!("roofline: memory roof up to the ridge at {r:.0} FLOP/byte, then compute roof"),
+            (Some(_), Some(r)) => {
+                format!("roofline: memory roof up to the ridge at {r:.0} FLOP/byte, then compute roof")
+            }
             _ => "memory roof (compute peak unknown)".to_string(),
         };
         chart
@@ -133,10 +147,20 @@ pub fn svg(models: &[Model], dtype: WeightDtype, device: &Device, context: u64) 
 
         if let (Some(p), Some(r)) = (peak, ridge) {
             let label = |text: String, at: (f64, f64)| Text::new(text, at, ("sans-serif", 16));
-            chart.draw_series(std::iter::once(label(format!("compute roof: {}FLOP/s", si(p)), (r * 4.0, p * 2.0)))).map_err(|e| plot(&e))?;
+            chart
+                .draw_series(std::iter::once(label(
+                    format!("compute roof: {}FLOP/s", si(p)),
+                    (r * 4.0, p * 2.0),
+                )))
+                .map_err(|e| plot(&e))?;
             // The ridge: where the two roofs meet.
             chart
-                .draw_series(DashedLineSeries::new(vec![(r, y_lo), (r, p)], 6, 4, RGBColor(120, 120, 120).stroke_width(1)))
+                .draw_series(DashedLineSeries::new(
+                    vec![(r, y_lo), (r, p)],
+                    6,
+                    4,
+                    RGBColor(120, 120, 120).stroke_width(1),
+                ))
                 .map_err(|e| plot(&e))?;
             chart
                 .draw_series(std::iter::once(label(format!("ridge: {r:.0} FLOP/byte"), (r * 1.1, p / 3.0))))
@@ -144,7 +168,10 @@ pub fn svg(models: &[Model], dtype: WeightDtype, device: &Device, context: u64) 
             // Below the sloped roof, where no point lies.
             let x = x_lo * (r / x_lo).powf(0.45);
             chart
-                .draw_series(std::iter::once(label(format!("memory roof: {}B/s x intensity", si(bw)), (x, x * bw / 8.0))))
+                .draw_series(std::iter::once(label(
+                    format!("memory roof: {}B/s x intensity", si(bw)),
+                    (x, x * bw / 8.0),
+                )))
                 .map_err(|e| plot(&e))?;
         }
 
@@ -168,7 +195,11 @@ pub fn svg(models: &[Model], dtype: WeightDtype, device: &Device, context: u64) 
                 }
                 placed.push((lx, ly));
                 // Above-left of a point on the sloped roof, above one on the flat roof.
-                let at = if peak.is_some_and(|p| y >= 0.8 * p) { (x / 1.15, y * 1.6) } else { (x / 1.9, y * 1.35) };
+                let at = if peak.is_some_and(|p| y >= 0.8 * p) {
+                    (x / 1.15, y * 1.6)
+                } else {
+                    (x / 1.9, y * 1.35)
+                };
                 chart
                     .draw_series(std::iter::once(Text::new(
                         batch.to_string(),
