@@ -342,6 +342,9 @@ fn scenarios_differ_as_the_seed_says() {
     assert!(tight.batch < server.batch && tight.time_per_output_token_s <= 0.01);
     // A limit below the batch-1 floor cannot be met.
     assert!(scenario::estimate(&c, BF16, &d, shape, Scenario::Server { tpot_limit_s: 1e-4 }).is_err());
+    // Longer than the model's context.
+    let long = RequestShape { input_tokens: 131_000, output_tokens: 1000 };
+    assert!(scenario::estimate(&c, BF16, &d, long, Scenario::SingleStream).is_err());
     // Llama 3.1 405B does not fit one H100: the scenarios run on the 11 it needs.
     let big = scenario::estimate(&preset("llama-3.1-405b"), BF16, &d, shape, Scenario::SingleStream)
         .expect("feasible");

@@ -179,7 +179,7 @@ pub fn svg(models: &[Model], dtype: WeightDtype, device: &Device, context: u64) 
         let mut placed: Vec<(f64, f64)> = Vec::new();
         for (i, (model, pts)) in series.iter().enumerate() {
             let color = COLORS[i % COLORS.len()];
-            let radius = 4 + 2 * (series.len() - 1 - i) as i32;
+            let radius = 4 + 2 * (series.len() - 1 - i).min(6) as i32;
             let line: Vec<(f64, f64)> = pts.iter().map(|p| (p.1, p.2)).collect();
             chart.draw_series(LineSeries::new(line, color.stroke_width(1))).map_err(|e| plot(&e))?;
             chart

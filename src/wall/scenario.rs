@@ -80,6 +80,15 @@ pub fn estimate(
         return Err(Error::InvalidArgument { what: "output tokens", reason: "must be at least 1".into() });
     }
     let total_context = shape.input_tokens.saturating_add(shape.output_tokens);
+    if total_context > config.max_position_embeddings as u64 {
+        return Err(Error::InvalidArgument {
+            what: "request shape",
+            reason: format!(
+                "{} input + {} output tokens exceed the model's max_position_embeddings {}",
+                shape.input_tokens, shape.output_tokens, config.max_position_embeddings
+            ),
+        });
+    }
     let devices = estimate::devices_needed(config, dtype, device, 1, total_context).unwrap_or(1);
     let system = device.times(devices);
     let mid_context = shape.input_tokens.saturating_add(shape.output_tokens / 2);
