@@ -334,11 +334,11 @@ proptest! {
         let inv_freq = rope.inv_freq();
         let n = rows * heads * hd;
         let (mut exact, mut bound_ref, mut bound_fast) = (vec![0f32; n], vec![0f64; n], vec![0f64; n]);
-        for row in 0..rows {
+        for (row, &position) in pv.iter().enumerate() {
             for h in 0..heads {
                 let base = (row * heads + h) * hd;
-                for i in 0..half {
-                    let theta = pv[row] as f64 * inv_freq[i];
+                for (i, &freq) in inv_freq.iter().enumerate() {
+                    let theta = position as f64 * freq;
                     let (a, b) = (xv[base + i] as f64, xv[base + i + half] as f64);
                     let (s, c) = theta.sin_cos();
                     let pair = (a * a + b * b).sqrt();
