@@ -23,7 +23,8 @@ use common::{Rng, *};
 use memwall_runtime::cpu::{Fast, Reference};
 use memwall_runtime::ops::sample_uniform;
 use memwall_runtime::{
-    Backend, DType, HostStorage, KvCacheLayer, Linear, Llama3RopeScaling, Rope, SamplingParams, WeightScale,
+    Backend, DType, HostStorage, HostTensor, KvCacheLayer, Linear, Llama3RopeScaling, Rope, SamplingParams,
+    WeightScale,
 };
 use proptest::prelude::*;
 use proptest::sample::select;
@@ -752,6 +753,60 @@ fn kv_store_and_attention_every_cache_dtype_and_gqa_ratio() {
     }
 }
 
+#[test]
+fn kv_store_later_row_wins() {
+    // Rows naming the same (slot, position) are stored in order: the last one wins (the
+    // reference's rule), also when the rows are split across threads. Index-revealing values.
+    let r = &*REF;
+    let (kvh, hd) = (2, 5);
+    let slots_v: Vec<u32> = vec![0, 1, 0, 0, 1, 0, 2, 0];
+    let pos_v: Vec<u32> = vec![3, 3, 3, 0, 3, 3, 1, 0];
+    let n = slots_v.len();
+    let kv = index_values(n * kvh * hd);
+    let vv: Vec<f32> = kv.iter().map(|v| -v).collect();
+    let (k, v) = (upload(r, DType::F32, &[n, kvh, hd], &kv), upload(r, DType::F32, &[n, kvh, hd], &vv));
+    let (slots, positions) = (upload_u32(r, &[n], &slots_v), upload_u32(r, &[n], &pos_v));
+    for cache_dt in CACHE_TYPES {
+        let shape = [3, 4, kvh, hd];
+        let mut c_ref = KvCacheLayer { k: poisoned(r, cache_dt, &shape), v: poisoned(r, cache_dt, &shape) };
+        REF.kv_store(&k, &v, &mut c_ref, &slots, &positions)
+            .unwrap_or_else(|e| panic!("reference kv_store: {e}"));
+        // The definition: the last row naming each place.
+        let got = read_f32(r, &c_ref.k);
+        for (row, (&s, &p)) in slots_v.iter().zip(&pos_v).enumerate() {
+            let last = (0..n).rev().find(|&j| slots_v[j] == s && pos_v[j] == p).expect("row itself");
+            if last == row {
+                let at = (s as usize * 4 + p as usize) * kvh * hd;
+                let want: Vec<f32> =
+                    kv[row * kvh * hd..][..kvh * hd].iter().map(|&x| round_to(cache_dt, x)).collect();
+                assert_eq!(
+                    &got[at..at + kvh * hd],
+                    &want[..],
+                    "reference {cache_dt} cache at slot {s} pos {p}"
+                );
+            }
+        }
+        let (kr, vr) = (read_bytes(r, &c_ref.k), read_bytes(r, &c_ref.v));
+        for (name, f) in fasts() {
+            let mut c = KvCacheLayer { k: poisoned(r, cache_dt, &shape), v: poisoned(r, cache_dt, &shape) };
+            f.kv_store(&k, &v, &mut c, &slots, &positions)
+                .unwrap_or_else(|e| panic!("fast {name} kv_store: {e}"));
+            assert_same_bytes(
+                &format!("kv_store {cache_dt} k, repeated rows, fast {name}"),
+                cache_dt,
+                &read_bytes(r, &c.k),
+                &kr,
+            );
+            assert_same_bytes(
+                &format!("kv_store {cache_dt} v, repeated rows, fast {name}"),
+                cache_dt,
+                &read_bytes(r, &c.v),
+                &vr,
+            );
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // router_topk
 
@@ -893,6 +948,48 @@ proptest! {
             f.argmax(&logits, &mut o).unwrap_or_else(|e| panic!("fast {name} argmax: {e}"));
             assert_same_u32(&format!("argmax fast {name} vs definition ({rows}x{vocab})"), &read_u32(r, &o), &want);
         }
+    }
+}
+
+#[test]
+fn argmax_and_greedy_sample_edge_rows() {
+    // Equal maxima (including -0.0 == +0.0), NaN before and between, infinities, f32::MAX.
+    let rows: [&[f32]; 8] = [
+        &[-1.0, -0.0, 0.0, -2.0],
+        &[-1.0, 0.0, -0.0, -2.0],
+        &[f32::NAN, 0.5, f32::NAN, 0.5],
+        &[f32::NEG_INFINITY, f32::NAN, f32::NEG_INFINITY],
+        &[f32::MAX, f32::INFINITY, f32::INFINITY],
+        &[f32::NAN, f32::NAN, -3.0],
+        &[f32::NEG_INFINITY; 4],
+        &[-f32::MAX, f32::MIN_POSITIVE, -0.0, f32::MIN_POSITIVE],
+    ];
+    let r = &*REF;
+    let width = 4;
+    let mut lv = Vec::new();
+    let mut want = Vec::new();
+    for row in rows {
+        let mut padded = row.to_vec();
+        padded.resize(width, f32::NEG_INFINITY);
+        want.push(argmax_def(&padded).expect("a non-NaN logit"));
+        lv.extend(padded);
+    }
+    let logits = upload(r, DType::F32, &[rows.len(), width], &lv);
+    let run = |name: &str, out: &HostTensor| assert_same_u32(name, &read_u32(r, out), &want);
+    let mut o = poisoned(r, DType::U32, &[rows.len()]);
+    REF.argmax(&logits, &mut o).unwrap_or_else(|e| panic!("reference argmax: {e}"));
+    run("argmax edge rows: reference", &o);
+    REF.sample(&logits, &SamplingParams::GREEDY, 1, 2, &mut o)
+        .unwrap_or_else(|e| panic!("reference sample: {e}"));
+    run("greedy sample edge rows: reference", &o);
+    for (name, f) in fasts() {
+        let mut o = poisoned(r, DType::U32, &[rows.len()]);
+        f.argmax(&logits, &mut o).unwrap_or_else(|e| panic!("fast {name} argmax: {e}"));
+        run(&format!("argmax edge rows: fast {name}"), &o);
+        let mut o = poisoned(r, DType::U32, &[rows.len()]);
+        f.sample(&logits, &SamplingParams::GREEDY, 1, 2, &mut o)
+            .unwrap_or_else(|e| panic!("fast {name} sample: {e}"));
+        run(&format!("greedy sample edge rows: fast {name}"), &o);
     }
 }
 
