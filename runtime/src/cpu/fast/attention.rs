@@ -81,6 +81,12 @@ pub(crate) fn kv_store(
     let slots = slots.as_slice::<u32>();
     let positions = positions.as_slice::<u32>();
     check_rows(op, d, slots, positions)?;
+    // Both caches must be writable before either is written.
+    for (cache, name) in [(&cache.k, "k_cache"), (&cache.v, "v_cache")] {
+        if cache.storage().is_read_only() {
+            return Err(Error::ReadOnly { op, tensor: name });
+        }
+    }
     let (k, v) = (k.as_slice::<f32>(), v.as_slice::<f32>());
     let (kd, vd) = (cache.k.dtype(), cache.v.dtype());
     with_cache_type!(op, "k_cache", kd, K => {

@@ -150,17 +150,29 @@ fn by_prob_then_index(p: &[f64]) -> impl Fn(&u32, &u32) -> Ordering + '_ {
     |&a, &b| p[b as usize].total_cmp(&p[a as usize]).then(a.cmp(&b))
 }
 
-/// Softmax of `z` into `p` (f64): `exp(z - max) / sum`.
-fn softmax_into(z: impl Iterator<Item = f64> + Clone, p: &mut [f64]) {
-    let max = z.clone().fold(f64::NEG_INFINITY, f64::max);
+/// Softmax of `z` into `p` (f64), with the reference's rules for special values: NaN and -inf
+/// logits get probability 0, +inf logits share all of it. Returns false (leaving `p` undefined)
+/// when no logit is above -inf.
+fn softmax_into(z: impl Iterator<Item = f64> + Clone, p: &mut [f64]) -> bool {
+    let max = z.clone().filter(|v| !v.is_nan()).fold(f64::NEG_INFINITY, f64::max);
+    if max == f64::NEG_INFINITY {
+        return false;
+    }
     let mut sum = 0.0;
     for (p, z) in p.iter_mut().zip(z) {
-        *p = (z - max).exp();
+        *p = if max == f64::INFINITY {
+            if z == f64::INFINITY { 1.0 } else { 0.0 }
+        } else if z.is_nan() {
+            0.0
+        } else {
+            (z - max).exp()
+        };
         sum += *p;
     }
     for p in p.iter_mut() {
         *p /= sum;
     }
+    true
 }
 
 /// Router: softmax over experts, the `k` most probable (ties to the lower index), renormalised.
@@ -179,7 +191,14 @@ pub(crate) fn router_topk(
         with_scratch(&TASK_U32, d.experts, 0, |order| {
             for r in 0..d.rows {
                 let row = &logits[r * d.experts..(r + 1) * d.experts];
-                softmax_into(row.iter().map(|&l| l as f64), p);
+                if !softmax_into(row.iter().map(|&l| l as f64), p) {
+                    // No expert has probability: all equally likely, the first k chosen.
+                    for j in 0..d.k {
+                        ids[r * d.k + j] = j as u32;
+                        weights[r * d.k + j] = 1.0 / d.k as f32;
+                    }
+                    continue;
+                }
                 for (i, o) in order.iter_mut().enumerate() {
                     *o = i as u32;
                 }
@@ -248,14 +267,19 @@ pub(crate) fn sample(
 /// One draw from a row (temperature > 0); `p` and `order` are scratch of the row's length.
 fn sample_row(row: &[f32], params: &SamplingParams, u: f64, p: &mut [f64], order: &mut [u32]) -> u32 {
     let t = params.temperature as f64;
-    softmax_into(row.iter().map(|&l| l as f64 / t), p);
+    if !softmax_into(row.iter().map(|&l| l as f64 / t), p) {
+        return argmax_row(row);
+    }
     for (i, o) in order.iter_mut().enumerate() {
         *o = i as u32;
     }
     let cmp = by_prob_then_index(p);
-    let kept = if params.top_k > 0 && params.top_k < order.len() {
-        order.select_nth_unstable_by(params.top_k - 1, &cmp);
-        params.top_k
+    // Tokens of probability 0 (NaN, -inf, or underflowed logits) are never candidates.
+    let positive = p.iter().filter(|&&q| q > 0.0).count();
+    let limit = if params.top_k > 0 { params.top_k.min(positive) } else { positive };
+    let kept = if limit < order.len() {
+        order.select_nth_unstable_by(limit - 1, &cmp);
+        limit
     } else {
         order.len()
     };
@@ -265,12 +289,16 @@ fn sample_row(row: &[f32], params: &SamplingParams, u: f64, p: &mut [f64], order
     let sum_k: f64 = cand.iter().map(|&i| p[i as usize]).sum();
     let top_p = params.top_p as f64;
     let mut nucleus = cand.len();
-    let mut cum = 0.0;
-    for (n, &i) in cand.iter().enumerate() {
-        cum += p[i as usize] / sum_k;
-        if cum >= top_p {
-            nucleus = n + 1;
-            break;
+    // top_p = 1 keeps every candidate (a cumulative sum that rounds short of 1 must not cut the
+    // tail).
+    if top_p < 1.0 {
+        let mut cum = 0.0;
+        for (n, &i) in cand.iter().enumerate() {
+            cum += p[i as usize] / sum_k;
+            if cum >= top_p {
+                nucleus = n + 1;
+                break;
+            }
         }
     }
     let cand = &cand[..nucleus];
