@@ -2,4 +2,7 @@
 //! `memwall_runtime::Backend`. Filled by the model issue; the workspace foundation only reserves
 //! the crate so the dependency graph (model -> runtime, root -> both) is fixed from the start.
 
+pub mod config;
+
+pub use config::{ConfigError, ModelConfig, PRESETS, ParamCounts, Preset};
 pub use memwall_runtime as runtime;
