@@ -108,26 +108,6 @@ pub fn check(
     quant: Option<&QuantConfig>,
     ckpt: &Checkpoint,
 ) -> Result<Manifest, CheckpointError> {
-    // Scales and fp8 weights pair up, whether the graph reads them or not.
-    for (name, rec) in &ckpt.tensors {
-        let weight = name
-            .strip_suffix(".weight_scale_inv")
-            .or_else(|| name.strip_suffix(".weight_scale"))
-            .map(|p| format!("{p}.weight"));
-        if let Some(weight) = weight {
-            let paired = ckpt.tensors.get(&weight).is_some_and(|w| w.st_dtype == Dtype::F8_E4M3);
-            if !paired {
-                return Err(CheckpointError::OrphanScale { scale: name.clone(), weight });
-            }
-        } else if rec.st_dtype == Dtype::F8_E4M3
-            && let Some((s, s_inv)) = scale_names(name)
-            && !ckpt.tensors.contains_key(&s)
-            && !ckpt.tensors.contains_key(&s_inv)
-        {
-            return Err(CheckpointError::MissingScale { tensor: name.clone() });
-        }
-    }
-
     let mut used: BTreeSet<String> = BTreeSet::new();
     let mut tensors = Vec::new();
     for (name, kind) in needed(config) {
@@ -160,6 +140,26 @@ pub fn check(
         }
         tensors.push(Resolved { name, kind, rec: rec.clone(), scale });
     }
+    // Scales and fp8 weights pair up, whether the graph reads them or not.
+    for (name, rec) in &ckpt.tensors {
+        let weight = name
+            .strip_suffix(".weight_scale_inv")
+            .or_else(|| name.strip_suffix(".weight_scale"))
+            .map(|p| format!("{p}.weight"));
+        if let Some(weight) = weight {
+            let paired = ckpt.tensors.get(&weight).is_some_and(|w| w.st_dtype == Dtype::F8_E4M3);
+            if !paired {
+                return Err(CheckpointError::OrphanScale { scale: name.clone(), weight });
+            }
+        } else if rec.st_dtype == Dtype::F8_E4M3
+            && let Some((s, s_inv)) = scale_names(name)
+            && !ckpt.tensors.contains_key(&s)
+            && !ckpt.tensors.contains_key(&s_inv)
+        {
+            return Err(CheckpointError::MissingScale { tensor: name.clone() });
+        }
+    }
+
     let unused = ckpt.tensors.keys().filter(|n| !used.contains(*n)).cloned().collect();
     Ok(Manifest { tensors, unused })
 }
