@@ -117,6 +117,17 @@ pub struct Row {
     pub pos: u32,
 }
 
+/// What [`Session::step`] returns.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepOutput {
+    /// One picked token per sequence.
+    pub tokens: Vec<u32>,
+    /// `[seqs, vocab]`: the logits the tokens were picked from, when asked for.
+    pub logits: Option<Vec<f32>>,
+    /// `[rows, vocab]`: the logits of every row, when asked for.
+    pub all_logits: Option<Vec<f32>>,
+}
+
 /// A model with its KV cache and workspaces.
 pub struct Session<'m, B: Backend> {
     model: &'m Model<B>,
@@ -228,7 +239,7 @@ impl<'m, B: Backend> Session<'m, B> {
         all_logits: bool,
         read_logits: bool,
         sampling: (&SamplingParams, u64, u64),
-    ) -> Result<(Vec<u32>, Option<Vec<f32>>, Option<Vec<f32>>)> {
+    ) -> Result<StepOutput> {
         let c = &self.model.config;
         if rows.is_empty() || last.is_empty() {
             return Err(ModelError::EmptyBatch);
@@ -275,7 +286,7 @@ impl<'m, B: Backend> Session<'m, B> {
         all_logits: bool,
         read_logits: bool,
         (params, seed, step): (&SamplingParams, u64, u64),
-    ) -> Result<(Vec<u32>, Option<Vec<f32>>, Option<Vec<f32>>)> {
+    ) -> Result<StepOutput> {
         let model = self.model;
         let b = &model.backend;
         let write_u32 = |ws: &mut Workspace<B::Storage>, buf: Buf, vals: Vec<u32>| -> Result<()> {
@@ -304,7 +315,7 @@ impl<'m, B: Backend> Session<'m, B> {
         let tokens = b.read_u32(ws.get(Buf::Next)?)?;
         let logits = if read_logits { Some(b.read_f32(ws.get(Buf::Logits)?)?) } else { None };
         let all = if all_logits { Some(b.read_f32(ws.get(Buf::AllLogits)?)?) } else { None };
-        Ok((tokens, logits, all))
+        Ok(StepOutput { tokens, logits, all_logits: all })
     }
 
     /// Interprets one op.
@@ -531,7 +542,7 @@ impl<'m, B: Backend> Session<'m, B> {
             }
             last.push((rows.len() - 1) as u32);
         }
-        let (first, logits, all) =
+        let StepOutput { tokens: first, logits, all_logits: all } =
             self.step(&rows, &last, opts.record_logits, opts.record_logits, (&opts.sampling, opts.seed, 0))?;
         if let Some(all) = all {
             let mut start = 0;
@@ -570,7 +581,7 @@ impl<'m, B: Backend> Session<'m, B> {
                 })
                 .collect();
             let last: Vec<u32> = (0..rows.len() as u32).collect();
-            let (next, logits, _) =
+            let StepOutput { tokens: next, logits, .. } =
                 self.step(&rows, &last, false, opts.record_logits, (&opts.sampling, opts.seed, step))?;
             out.timing.decode_steps += 1;
             out.timing.decode_tokens += rows.len();
