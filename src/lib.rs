@@ -2,10 +2,12 @@
 //!
 //! Engines link this crate as a backend: [`runtime`] has the `Backend` trait, the tensors and the
 //! CPU backends; [`model`] runs Hugging Face checkpoints on any backend; [`kernels`] holds the
-//! kernel images this build embedded.
+//! kernel images this build embedded; [`wall`] computes the memory wall of a model on a device.
 
 pub use memwall_model as model;
 pub use memwall_runtime as runtime;
+
+pub mod wall;
 
 pub mod kernels {
     //! The kernel sources embedded by `build.rs`.
