@@ -357,7 +357,18 @@ fn run_on<B: Backend>(backend: B, args: &RunArgs, prompts: &[Vec<u32>]) -> Resul
 where
     B::Storage: 'static,
 {
-    let model = memwall::model::Model::load(backend, &args.model, |_, _| {})?;
+    // A progress bar on stderr (drawn only on a terminal), per tensor loaded.
+    let bar = indicatif::ProgressBar::new(0);
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("loading {bar:40} {pos}/{len} tensors {elapsed}")
+    {
+        bar.set_style(style);
+    }
+    let model = memwall::model::Model::load(backend, &args.model, |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    })?;
+    bar.finish_and_clear();
     if !model.report.unused.is_empty() && !args.json {
         eprintln!("note: {} tensors of the checkpoint are not used: {}", model.report.unused.len(), {
             let shown: Vec<&str> = model.report.unused.iter().take(8).map(String::as_str).collect();
