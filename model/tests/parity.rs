@@ -162,3 +162,24 @@ fn mixtral_top1_f32() {
 fn llama_fp8_per_channel() {
     check_case("llama_fp8_channel");
 }
+
+/// The llama3-scaled rotary frequencies against transformers' own `inv_freq` (every fixture; the
+/// llama31 and fp8 ones are scaled, in all three regimes). transformers computes them in f32: the
+/// power `theta^(2i/d)` of an f32 exponent has relative error about ln(theta) * 2^-24 ~ 6e-7, so
+/// 1e-5 is generous while a missing or wrong scaling is off by up to `factor` = 4.
+#[test]
+fn rope_inv_freq_matches_transformers() {
+    for name in ["llama31_gqa_bf16", "llama_fp8_channel", "llama_tied_f32", "mixtral_top2_bf16"] {
+        let dir = fixtures().join(name);
+        let text = std::fs::read_to_string(dir.join("expected.json")).expect("expected.json");
+        let v: Value = serde_json::from_str(&text).expect("json");
+        let want: Vec<f64> =
+            v["inv_freq"].as_array().expect("inv_freq").iter().map(|x| x.as_f64().unwrap()).collect();
+        let config = memwall_model::ModelConfig::from_dir(&dir).expect("config");
+        let got = config.rope().inv_freq();
+        assert_eq!(got.len(), want.len(), "{name}");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!((g - w).abs() <= 1e-5 * w.abs(), "{name}: inv_freq[{i}] = {g} vs transformers {w}");
+        }
+    }
+}

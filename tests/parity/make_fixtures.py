@@ -263,6 +263,8 @@ def build(c, seed):
             "torch": torch.__version__,
             "transformers": __import__("transformers").__version__,
             "seed": seed,
+            # transformers' rotary inverse frequencies (llama3 scaling applied): a targeted check.
+            "inv_freq": [float(x) for x in model.model.rotary_emb.inv_freq.double()],
         }, f, indent=1)
 
 
