@@ -409,6 +409,15 @@ where
                 "decode_tokens_per_s": per_s(t.decode_tokens, t.decode_s),
             },
             "unused_tensors": model.report.unused,
+            "weights": {
+                "mapped_bytes": model.report.stats.mapped_bytes,
+                "copied_bytes": model.report.stats.copied_bytes,
+            },
+            "graph": {
+                "ops_per_step": model.graph.step_ops(false).count(),
+                // The last step run (a decode step unless N <= 1), from the op list.
+                "last_step": session.last_step_cost(),
+            },
         });
         println!("{out}");
     } else {

@@ -258,3 +258,47 @@ pub struct StepShape {
     /// expectation under uniform routing.
     pub expert_rows: Vec<Vec<usize>>,
 }
+
+impl Op {
+    /// The op's name, as the backend calls it (`Experts` is Mixtral's gather / expert MLPs /
+    /// scatter sequence).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Embedding { .. } => "embedding",
+            Op::RmsNorm { .. } => "rms_norm",
+            Op::Linear { .. } => "linear",
+            Op::Rope { .. } => "rope",
+            Op::KvStore { .. } => "kv_store",
+            Op::Attention { .. } => "attention",
+            Op::SiluMul { .. } => "silu_mul",
+            Op::AddAssign { .. } => "add_assign",
+            Op::RouterTopk { .. } => "router_topk",
+            Op::Experts { .. } => "experts",
+            Op::GatherRows { .. } => "gather_rows",
+        }
+    }
+}
+
+/// One line per op: `linear Normed . Q(0) -> Q`.
+impl std::fmt::Display for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.name();
+        match self {
+            Op::Embedding { ids, out } => write!(f, "{n} Embed[{ids:?}] -> {out:?}"),
+            Op::RmsNorm { x, weight, out } => write!(f, "{n} {x:?} * {weight:?} -> {out:?}"),
+            Op::Linear { x, w, y } => write!(f, "{n} {x:?} . {w:?} -> {y:?}"),
+            Op::Rope { x, heads } => write!(f, "{n} {x:?} ({heads} heads) at Positions"),
+            Op::KvStore { layer } => write!(f, "{n} K, V -> cache[{layer}] at Slots, Positions"),
+            Op::Attention { layer } => write!(f, "{n} Q over cache[{layer}] -> Attn"),
+            Op::SiluMul { gate, up, out } => write!(f, "{n} silu({gate:?}) * {up:?} -> {out:?}"),
+            Op::AddAssign { x, y } => write!(f, "{n} {x:?} += {y:?}"),
+            Op::RouterTopk { logits, k, ids, weights } => {
+                write!(f, "{n} top-{k} of {logits:?} -> {ids:?}, {weights:?}")
+            }
+            Op::Experts { layer, x, ids, weights, out } => {
+                write!(f, "{n} experts[{layer}]({x:?}) by {ids:?}, {weights:?} -> {out:?}")
+            }
+            Op::GatherRows { src, idx, out } => write!(f, "{n} {src:?}[{idx:?}] -> {out:?}"),
+        }
+    }
+}

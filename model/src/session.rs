@@ -11,7 +11,7 @@ use std::time::Instant;
 use memwall_runtime::{Backend, DType, KvCacheLayer, SamplingParams, Tensor};
 
 use crate::error::{ModelError, Result};
-use crate::graph::{Buf, Op, StepShape};
+use crate::graph::{Buf, Op, OpCost, StepShape};
 use crate::model::Model;
 
 /// What to allocate for a session.
@@ -136,6 +136,8 @@ pub struct Session<'m, B: Backend> {
     workspaces: HashMap<(usize, usize, bool), Workspace<B::Storage>>,
     /// Rows routed to each expert of each layer in the last step (Mixtral).
     last_expert_rows: Vec<Vec<usize>>,
+    /// The shape of the last step run, for costing it.
+    last_shape: Option<(StepShape, bool)>,
 }
 
 impl<'m, B: Backend> Session<'m, B> {
@@ -154,7 +156,26 @@ impl<'m, B: Backend> Session<'m, B> {
                 v: model.backend.alloc(options.cache_dtype, &shape)?,
             });
         }
-        Ok(Session { model, options, caches, workspaces: HashMap::new(), last_expert_rows: Vec::new() })
+        Ok(Session {
+            model,
+            options,
+            caches,
+            workspaces: HashMap::new(),
+            last_expert_rows: Vec::new(),
+            last_shape: None,
+        })
+    }
+
+    /// The bytes read and FLOPs of the last step, from the op list, with the experts the router
+    /// actually picked.
+    pub fn last_step_cost(&self) -> Option<OpCost> {
+        let (shape, all) = self.last_shape.as_ref()?;
+        Some(self.model.step_cost(shape, *all, self.options.cache_dtype))
+    }
+
+    /// Frees the workspaces (they are allocated again on the next step of each shape).
+    pub fn clear_workspaces(&mut self) {
+        self.workspaces.clear();
     }
 
     pub fn options(&self) -> SessionOptions {
@@ -275,6 +296,7 @@ impl<'m, B: Backend> Session<'m, B> {
         let mut ws = self.workspace(rows.len(), last.len(), all_logits)?;
         let result = self.run_step(&mut ws, rows, last, all_logits, read_logits, sampling);
         self.workspaces.insert((ws.rows, ws.seqs, all_logits), ws);
+        self.last_shape = Some((step_shape(rows, last.len(), &self.last_expert_rows), all_logits));
         result
     }
 
