@@ -94,9 +94,10 @@ struct RunArgs {
     /// Prompt token ids, comma separated. Repeat for a batch: one sequence each.
     #[arg(long, required_unless_present = "prompt")]
     tokens: Vec<String>,
-    /// Prompt text (needs the directory's tokenizer.json).
+    /// Prompt text, encoded with the directory's tokenizer.json (special tokens such as BOS added
+    /// as the tokenizer's post-processor says). Repeat for a batch.
     #[arg(long, conflicts_with = "tokens")]
-    prompt: Option<String>,
+    prompt: Vec<String>,
     /// Tokens to generate per sequence (exactly this many without --stop-at-eos).
     #[arg(long)]
     max_new_tokens: usize,
@@ -338,13 +339,24 @@ fn parse_ids(text: &str) -> Result<Vec<u32>, BoxError> {
 }
 
 fn run(args: &RunArgs) -> Result<(), BoxError> {
-    if args.prompt.is_some() {
-        return Err("--prompt needs a tokenizer, which is not built in this version; pass --tokens".into());
-    }
-    let prompts: Vec<Vec<u32>> = args.tokens.iter().map(|t| parse_ids(t)).collect::<Result<_, _>>()?;
+    let (prompts, tokenizer) = if args.prompt.is_empty() {
+        (args.tokens.iter().map(|t| parse_ids(t)).collect::<Result<_, _>>()?, None)
+    } else {
+        let path = args.model.join("tokenizer.json");
+        if !path.is_file() {
+            return Err(format!("--prompt needs {}; pass --tokens instead", path.display()).into());
+        }
+        let tok = tokenizers::Tokenizer::from_file(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut prompts = Vec::with_capacity(args.prompt.len());
+        for text in &args.prompt {
+            let enc = tok.encode(text.as_str(), true).map_err(|e| format!("--prompt {text:?}: {e}"))?;
+            prompts.push(enc.get_ids().to_vec());
+        }
+        (prompts, Some(tok))
+    };
     match args.backend {
-        BackendName::Cpu => run_on(memwall::default_backend(), args, &prompts),
-        BackendName::CpuRef => run_on(memwall::runtime::cpu::Reference, args, &prompts),
+        BackendName::Cpu => run_on(memwall::default_backend(), args, &prompts, tokenizer.as_ref()),
+        BackendName::CpuRef => run_on(memwall::runtime::cpu::Reference, args, &prompts, tokenizer.as_ref()),
         BackendName::Cuda | BackendName::Hip => {
             let name = if args.backend == BackendName::Cuda { "cuda" } else { "hip" };
             Err(format!("the {name} backend is not built in this version of memwall; use --backend cpu")
@@ -353,7 +365,12 @@ fn run(args: &RunArgs) -> Result<(), BoxError> {
     }
 }
 
-fn run_on<B: Backend>(backend: B, args: &RunArgs, prompts: &[Vec<u32>]) -> Result<(), BoxError>
+fn run_on<B: Backend>(
+    backend: B,
+    args: &RunArgs,
+    prompts: &[Vec<u32>],
+    tokenizer: Option<&tokenizers::Tokenizer>,
+) -> Result<(), BoxError>
 where
     B::Storage: 'static,
 {
@@ -395,8 +412,19 @@ where
             if g.tokens.len() == 1 { serde_json::json!(g.tokens[0]) } else { serde_json::json!(g.tokens) };
         let t = g.timing;
         let per_s = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
+        let text: Option<Vec<String>> = match tokenizer {
+            None => None,
+            Some(tok) => Some(
+                g.tokens
+                    .iter()
+                    .map(|t| tok.decode(t, true).map_err(|e| format!("decoding the output: {e}")))
+                    .collect::<Result<_, _>>()?,
+            ),
+        };
         let out = serde_json::json!({
             "tokens": tokens,
+            "prompt_tokens": if prompts.len() == 1 { serde_json::json!(prompts[0]) } else { serde_json::json!(prompts) },
+            "text": text,
             "backend": model.backend.name(),
             "timing": {
                 "load_s": model.report.seconds,

@@ -108,3 +108,41 @@ fn run_errors() {
     assert!(!ok);
     assert!(err.contains("cannot read"), "{err}");
 }
+
+#[test]
+fn run_prompt_text_uses_the_tokenizer() {
+    let name = "llama_tied_f32";
+    let exp = expected(name);
+    let dir = fixture(name);
+    let d = dir.to_str().unwrap();
+    let text = exp["text_prompt"].as_str().expect("text_prompt");
+    let (ok, out, err) = memwall(&[
+        "run",
+        "--model",
+        d,
+        "--prompt",
+        text,
+        "--max-new-tokens",
+        "4",
+        "--backend",
+        "cpu-ref",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("json");
+    // The ids the Python tokenizers library gave for the same text (BOS prepended).
+    assert_eq!(v["prompt_tokens"], exp["text_prompt_ids"]);
+    assert!(v["text"][0].is_string());
+    // And the generation equals the one from those ids.
+    let ids = csv(&exp["text_prompt_ids"]);
+    let (ok, out2, err) =
+        memwall(&["run", "--model", d, "--tokens", &ids, "--max-new-tokens", "4", "--backend", "cpu-ref"]);
+    assert!(ok, "{err}");
+    assert_eq!(out2.trim(), csv(&v["tokens"]));
+    // Without a tokenizer.json, a clear error.
+    let other = fixture("llama_mha_f16");
+    let (ok, _, err) =
+        memwall(&["run", "--model", other.to_str().unwrap(), "--prompt", "x", "--max-new-tokens", "1"]);
+    assert!(!ok);
+    assert!(err.contains("tokenizer.json"), "{err}");
+}

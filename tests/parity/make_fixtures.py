@@ -268,11 +268,41 @@ def build(c, seed):
         }, f, indent=1)
 
 
+TOKENIZER_TEXT = "the cat sat on the mat"
+TOKENIZER_CORPUS = [
+    "the cat sat on the mat", "a dog lay on the rug", "memory bandwidth bounds decoding",
+    "the wall is where the bytes run out", "tokens per second per byte read",
+]
+
+
+def write_tokenizer(case_dir, vocab):
+    """A small BPE tokenizer.json (special tokens <unk>=0, <s>=1, </s>=2 as in the configs, <s>
+    prepended), so `memwall run --prompt` has something to read. Records the ids of a sentence."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    trainer = trainers.BpeTrainer(vocab_size=min(vocab, 120), special_tokens=["<unk>", "<s>", "</s>"])
+    tok.train_from_iterator(TOKENIZER_CORPUS, trainer)
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    assert tok.get_vocab_size() <= vocab
+    tok.save(os.path.join(case_dir, "tokenizer.json"))
+    ids = tok.encode(TOKENIZER_TEXT).ids
+    path = os.path.join(case_dir, "expected.json")
+    with open(path) as f:
+        exp = json.load(f)
+    exp["text_prompt"] = TOKENIZER_TEXT
+    exp["text_prompt_ids"] = ids
+    with open(path, "w") as f:
+        json.dump(exp, f, indent=1)
+
+
 def main():
     torch.set_num_threads(2)
     os.makedirs(OUT, exist_ok=True)
     for seed, c in enumerate(CASES):
         build(c, 1000 + seed)
+    write_tokenizer(os.path.join(OUT, "llama_tied_f32"), 256)
     total = 0
     for root, _, files in os.walk(OUT):
         total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
