@@ -461,14 +461,20 @@ impl<'m, B: Backend> Session<'m, B> {
         }
         self.last_expert_rows.push(routed.iter().map(Vec::len).collect());
 
-        let mut dst = ws.take(out)?;
+        let src = ws.take(x)?;
+        let mut dst = match ws.take(out) {
+            Ok(t) => t,
+            Err(e) => {
+                ws.put(x, src);
+                return Err(e);
+            }
+        };
         let zeros = vec![0u8; dst.nbytes()];
-        let r = b.write(&mut dst, &zeros);
-        if let Err(e) = r {
+        if let Err(e) = b.write(&mut dst, &zeros) {
             ws.put(out, dst);
+            ws.put(x, src);
             return Err(e.into());
         }
-        let src = ws.take(x)?;
         let mut result = Ok(());
         for (expert, list) in experts.iter().zip(&routed) {
             let Some(&(first, _)) = list.first() else { continue };
