@@ -1,0 +1,148 @@
+//! `memwall run` end to end on a parity fixture: the greedy ids transformers produced, the logits
+//! dumped as .npy, the JSON output, a batch, and the typed errors as messages with a failing exit.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/parity/fixtures").join(name)
+}
+
+fn memwall(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_memwall")).args(args).output().expect("run memwall");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+fn expected(name: &str) -> serde_json::Value {
+    let text = std::fs::read_to_string(fixture(name).join("expected.json")).expect("expected.json");
+    serde_json::from_str(&text).expect("json")
+}
+
+fn csv(v: &serde_json::Value) -> String {
+    let ids: Vec<String> = v.as_array().expect("ids").iter().map(|x| x.to_string()).collect();
+    ids.join(",")
+}
+
+#[test]
+fn run_prints_greedy_ids_and_dumps_logits() {
+    let name = "mixtral_top2_bf16";
+    let exp = expected(name);
+    let dir = fixture(name);
+    let dump = std::env::temp_dir().join(format!("memwall-cli-dump-{}", std::process::id()));
+    let prompt = csv(&exp["prompts"][0]);
+    let (ok, out, err) = memwall(&[
+        "run",
+        "--model",
+        dir.to_str().unwrap(),
+        "--tokens",
+        &prompt,
+        "--max-new-tokens",
+        "8",
+        "--backend",
+        "cpu-ref",
+        "--dump-logits",
+        dump.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), csv(&exp["greedy"][0]));
+    let vocab = 256;
+    let pre = std::fs::read(dump.join("prefill_logits.npy")).expect("prefill npy");
+    let dec = std::fs::read(dump.join("decode_logits.npy")).expect("decode npy");
+    let (ps, pv) = memwall::model::npy::read_f32(&pre).expect("npy");
+    let (ds, dv) = memwall::model::npy::read_f32(&dec).expect("npy");
+    assert_eq!(ps, [exp["prompts"][0].as_array().unwrap().len(), vocab]);
+    assert_eq!(ds, [8, vocab]);
+    // Row 0 of the decode logits is the last prefill row.
+    assert_eq!(dv[..vocab], pv[pv.len() - vocab..]);
+    let _ = std::fs::remove_dir_all(&dump);
+}
+
+#[test]
+fn run_json_batch() {
+    let name = "llama_tied_f32";
+    let exp = expected(name);
+    let dir = fixture(name);
+    let (p0, p1) = (csv(&exp["prompts"][0]), csv(&exp["prompts"][1]));
+    let (ok, out, err) = memwall(&[
+        "run",
+        "--model",
+        dir.to_str().unwrap(),
+        "--tokens",
+        &p0,
+        "--tokens",
+        &p1,
+        "--max-new-tokens",
+        "8",
+        "--backend",
+        "cpu-ref",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object");
+    assert_eq!(v["tokens"], exp["greedy"]);
+    assert!(v["timing"]["decode_s"].as_f64().is_some());
+}
+
+#[test]
+fn run_errors() {
+    let dir = fixture("llama_tied_f32");
+    let d = dir.to_str().unwrap();
+    for (args, msg) in [
+        (vec!["--tokens", "1,2", "--max-new-tokens", "2", "--backend", "cuda"], "not built in this version"),
+        (vec!["--tokens", "1,256", "--max-new-tokens", "2", "--backend", "cpu-ref"], "out of range"),
+        (vec!["--tokens", "1,x", "--max-new-tokens", "2", "--backend", "cpu-ref"], "not a token id"),
+        (vec!["--tokens", "1", "--max-new-tokens", "200", "--backend", "cpu-ref"], "max_position_embeddings"),
+    ] {
+        let mut all = vec!["run", "--model", d];
+        all.extend(args);
+        let (ok, _, err) = memwall(&all);
+        assert!(!ok, "{all:?} succeeded");
+        assert!(err.contains(msg), "{all:?}: {err}");
+    }
+    let (ok, _, err) =
+        memwall(&["run", "--model", "/nonexistent/memwall", "--tokens", "1", "--max-new-tokens", "1"]);
+    assert!(!ok);
+    assert!(err.contains("cannot read"), "{err}");
+}
+
+#[test]
+fn run_prompt_text_uses_the_tokenizer() {
+    let name = "llama_tied_f32";
+    let exp = expected(name);
+    let dir = fixture(name);
+    let d = dir.to_str().unwrap();
+    let text = exp["text_prompt"].as_str().expect("text_prompt");
+    let (ok, out, err) = memwall(&[
+        "run",
+        "--model",
+        d,
+        "--prompt",
+        text,
+        "--max-new-tokens",
+        "4",
+        "--backend",
+        "cpu-ref",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("json");
+    // The ids the Python tokenizers library gave for the same text (BOS prepended).
+    assert_eq!(v["prompt_tokens"], exp["text_prompt_ids"]);
+    assert!(v["text"][0].is_string());
+    // And the generation equals the one from those ids.
+    let ids = csv(&exp["text_prompt_ids"]);
+    let (ok, out2, err) =
+        memwall(&["run", "--model", d, "--tokens", &ids, "--max-new-tokens", "4", "--backend", "cpu-ref"]);
+    assert!(ok, "{err}");
+    assert_eq!(out2.trim(), csv(&v["tokens"]));
+    // Without a tokenizer.json, a clear error.
+    let other = fixture("llama_mha_f16");
+    let (ok, _, err) =
+        memwall(&["run", "--model", other.to_str().unwrap(), "--prompt", "x", "--max-new-tokens", "1"]);
+    assert!(!ok);
+    assert!(err.contains("tokenizer.json"), "{err}");
+}
