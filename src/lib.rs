@@ -7,6 +7,9 @@
 pub use memwall_model as model;
 pub use memwall_runtime as runtime;
 
+pub mod bytes;
+pub mod peak;
+
 pub mod kernels {
     //! The kernel sources embedded by `build.rs`.
 
