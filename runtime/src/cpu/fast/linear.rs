@@ -1,0 +1,727 @@
+//! Linear layers and the embedding gather: the ops that read weights.
+//!
+//! Contract (`ops::check_linear`): `y[m, n] = x[m, k] . W[n, k]^T`. x and y are f32, bf16 or f16;
+//! W is any float type, row-major `[n, k]` (the `nn.Linear` layout), read in place. Its scale is
+//! none, one per tensor or one per output row (multiplying a row's dot product after the
+//! reduction), or one per `block_rows x block_cols` block (multiplying each block's partial sum).
+//! x is widened once to f32 (per-thread scratch); the result is rounded once into y.
+//!
+//! Algorithm:
+//! - Threads: the n output rows are cut into `tasks` contiguous ranges (a few per thread, each a
+//!   multiple of the tile), so each worker streams its own long run of weight memory.
+//! - GEMV (m = 1): a tile is `GEMV_ROWS` weight rows reduced together, each vector of x loaded
+//!   once for all of them, one accumulator per row (independent FMA chains). Weights are widened
+//!   in registers by `Vector::load_elem`; fp8 loads are exact multiples `1 / POST` of the stored
+//!   value, and POST is applied with the scale after the reduction.
+//! - GEMM (m > 1): an `MR x NR` tile of x rows by weight rows. x is cut into blocks of rows that
+//!   fit in L2 (`X_BLOCK_BYTES`); for each block a task walks its weight rows once, so each weight
+//!   row is read from memory once per block of x rows (once for a whole prompt of a few dozen
+//!   tokens), and the NR rows of a tile stay in L1 while the x rows of the block pass over them.
+//! - Tails (k not a multiple of the vector width) go through zero-padded copies on the stack, so
+//!   the same vector code handles them; rows past the end of a tile repeat the last row and their
+//!   results are dropped.
+//!
+//! Accumulation is f32 (per lane, then a horizontal sum per segment), so results differ from the
+//! f64 reference by the usual `k * eps_f32` bound.
+
+use half::{bf16, f16};
+
+use super::simd::{Elem, Kernel, MAX_LANES, Vector};
+use super::{Fast, INPUT_F32, with_scratch};
+use crate::ops::{GatherDims, Linear, LinearDims, WeightScale};
+use crate::{DType, Error, Float, HostStorage, HostTensor, Result, with_float_type};
+
+/// Weight rows a GEMV tile reduces together, sharing each load of x.
+pub(crate) const GEMV_ROWS: usize = 4;
+/// Weight rows of a GEMM tile.
+const GEMM_W_ROWS: usize = 4;
+/// x rows of a GEMM tile with 32 vector registers (AVX-512): 4 x 4 accumulators + 8 operands.
+const GEMM_X_ROWS_WIDE: usize = 4;
+/// x rows of a GEMM tile with 16 vector registers (AVX2, portable): 2 x 4 accumulators + 6.
+const GEMM_X_ROWS_NARROW: usize = 2;
+/// Bytes of widened x kept hot while the weight rows of a task pass over it (about half an L2).
+const X_BLOCK_BYTES: usize = 256 << 10;
+/// Tasks per worker thread: enough to even out uneven progress, few enough that each streams a
+/// long contiguous run of weights.
+const TASKS_PER_THREAD: usize = 4;
+
+// ---------------------------------------------------------------------------------------------
+// Scales
+
+/// A scale tensor, f32 or bf16.
+#[derive(Clone, Copy)]
+pub(crate) enum ScaleView<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [bf16]),
+}
+
+impl<'a> ScaleView<'a> {
+    fn new(op: &'static str, t: &'a HostTensor) -> Result<ScaleView<'a>> {
+        match t.dtype() {
+            DType::F32 => Ok(ScaleView::F32(t.as_slice())),
+            DType::BF16 => Ok(ScaleView::Bf16(t.as_slice())),
+            other => {
+                Err(Error::DType { op, tensor: "scale", got: other, allowed: vec![DType::F32, DType::BF16] })
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn get(&self, i: usize) -> f32 {
+        match self {
+            ScaleView::F32(s) => s[i],
+            ScaleView::Bf16(s) => s[i].widen(),
+        }
+    }
+}
+
+/// How a weight's stored values are scaled (the checked `WeightScale`, borrowed).
+#[derive(Clone, Copy)]
+pub(crate) enum Scale<'a> {
+    None,
+    PerTensor(f32),
+    PerChannel(ScaleView<'a>),
+    /// `per_row` blocks across a row: `scales[(row / rows) * per_row + col / cols]`.
+    Block {
+        rows: usize,
+        cols: usize,
+        per_row: usize,
+        view: ScaleView<'a>,
+    },
+}
+
+impl<'a> Scale<'a> {
+    pub(crate) fn new(op: &'static str, s: &'a WeightScale<HostStorage>, k: usize) -> Result<Scale<'a>> {
+        Ok(match s {
+            WeightScale::None => Scale::None,
+            WeightScale::PerTensor(v) => Scale::PerTensor(*v),
+            WeightScale::PerChannel(t) => Scale::PerChannel(ScaleView::new(op, t)?),
+            WeightScale::Block { block_rows, block_cols, scales } => Scale::Block {
+                rows: *block_rows,
+                cols: *block_cols,
+                per_row: k.div_ceil(*block_cols),
+                view: ScaleView::new(op, scales)?,
+            },
+        })
+    }
+
+    /// The scale of the whole row `j` (1 for block scales, applied per block).
+    #[inline(always)]
+    fn row(&self, j: usize) -> f32 {
+        match self {
+            Scale::None | Scale::Block { .. } => 1.0,
+            Scale::PerTensor(s) => *s,
+            Scale::PerChannel(v) => v.get(j),
+        }
+    }
+
+    /// The scale of element `(j, l)` (for the embedding gather).
+    #[inline(always)]
+    fn at(&self, j: usize, l: usize) -> f32 {
+        match self {
+            Scale::Block { rows, cols, per_row, view } => view.get((j / rows) * per_row + l / cols),
+            _ => self.row(j),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Planning (pure functions of the shape, unit-tested)
+
+/// How a linear layer is cut into tasks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Plan {
+    /// Weight rows per task (a multiple of the tile's weight rows, except the last task's).
+    pub rows_per_task: usize,
+    pub tasks: usize,
+    /// x rows per block (a multiple of the tile's x rows, at least one tile).
+    pub x_block: usize,
+}
+
+pub(crate) fn plan(d: LinearDims, threads: usize, x_tile: usize, w_tile: usize) -> Plan {
+    let want_tasks = threads.max(1) * TASKS_PER_THREAD;
+    let rows_per_task = d.n.div_ceil(want_tasks).next_multiple_of(w_tile).max(w_tile);
+    let x_rows_fit = (X_BLOCK_BYTES / (d.k * 4).max(1)) / x_tile * x_tile;
+    let x_block = x_rows_fit.max(x_tile).min(d.m.next_multiple_of(x_tile));
+    Plan { rows_per_task, tasks: d.n.div_ceil(rows_per_task), x_block }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernels
+
+/// Output `y[m, n]` written by several tasks at once, each to its own columns.
+struct OutPtr<Y> {
+    ptr: *mut Y,
+    len: usize,
+    cols: usize,
+}
+
+impl<Y> Clone for OutPtr<Y> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<Y> Copy for OutPtr<Y> {}
+
+// SAFETY: `OutPtr` is shared only by the tasks of one `linear` call, which own disjoint column
+// ranges of `y` (their weight rows) and write only there, while `linear` holds `&mut y`.
+unsafe impl<Y: Send> Send for OutPtr<Y> {}
+// SAFETY: as above.
+unsafe impl<Y: Send> Sync for OutPtr<Y> {}
+
+impl<Y: Float> OutPtr<Y> {
+    /// # Safety
+    /// No other thread may access element `(i, j)` during the call.
+    #[inline(always)]
+    unsafe fn write(self, i: usize, j: usize, v: f32) {
+        let at = i * self.cols + j;
+        assert!(at < self.len, "linear output index out of bounds");
+        // SAFETY: `at` is in bounds (asserted); exclusivity is the caller's contract.
+        unsafe { self.ptr.add(at).write(Y::from_f32(v)) }
+    }
+}
+
+/// One task of a linear layer: weight rows `j0..j1` against every row of x.
+struct LinearTask<'a, W, Y> {
+    x: &'a [f32],
+    m: usize,
+    k: usize,
+    w: &'a [W],
+    scale: Scale<'a>,
+    x_block: usize,
+    j0: usize,
+    j1: usize,
+    y: OutPtr<Y>,
+}
+
+impl<W: Elem, Y: Float> Kernel for LinearTask<'_, W, Y> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<V: Vector>(self, v: V) {
+        if self.m == 1 {
+            task::<V, W, Y, 1, GEMV_ROWS>(v, &self);
+        } else if V::LANES >= 16 {
+            task::<V, W, Y, GEMM_X_ROWS_WIDE, GEMM_W_ROWS>(v, &self);
+        } else {
+            task::<V, W, Y, GEMM_X_ROWS_NARROW, GEMM_W_ROWS>(v, &self);
+        }
+    }
+}
+
+/// The x tile the kernel uses for `m` rows on vectors of `lanes` lanes (mirrors `run`).
+fn x_tile(m: usize, lanes: usize) -> usize {
+    if m == 1 {
+        1
+    } else if lanes >= 16 {
+        GEMM_X_ROWS_WIDE
+    } else {
+        GEMM_X_ROWS_NARROW
+    }
+}
+
+#[inline(always)]
+fn task<V: Vector, W: Elem, Y: Float, const MR: usize, const NR: usize>(v: V, t: &LinearTask<'_, W, Y>) {
+    let k = t.k;
+    let seg = match t.scale {
+        Scale::Block { cols, .. } => cols,
+        _ => k,
+    };
+    let mut i0 = 0;
+    while i0 < t.m {
+        let i1 = t.m.min(i0 + t.x_block);
+        let mut j = t.j0;
+        while j < t.j1 {
+            // Rows past the end repeat the last row; their results are dropped.
+            let w_rows: [&[W]; NR] = std::array::from_fn(|r| {
+                let jr = (j + r).min(t.j1 - 1);
+                &t.w[jr * k..(jr + 1) * k]
+            });
+            let mut i = i0;
+            while i < i1 {
+                let x_rows: [&[f32]; MR] = std::array::from_fn(|s| {
+                    let ir = (i + s).min(i1 - 1);
+                    &t.x[ir * k..(ir + 1) * k]
+                });
+                let total = if let Scale::Block { rows, per_row, view, .. } = t.scale {
+                    let mut total = [[0.0f32; NR]; MR];
+                    let (mut c0, mut b) = (0, 0);
+                    while c0 < k {
+                        let c1 = k.min(c0 + seg);
+                        let part = tile::<V, W, MR, NR>(v, &x_rows, &w_rows, c0, c1);
+                        for r in 0..NR {
+                            let s = view.get(((j + r).min(t.j1 - 1) / rows) * per_row + b);
+                            for q in 0..MR {
+                                total[q][r] += part[q][r] * s;
+                            }
+                        }
+                        c0 = c1;
+                        b += 1;
+                    }
+                    total
+                } else {
+                    tile::<V, W, MR, NR>(v, &x_rows, &w_rows, 0, k)
+                };
+                for (q, row) in total.iter().enumerate().take(i1 - i) {
+                    for (r, &acc) in row.iter().enumerate().take(t.j1 - j) {
+                        // SAFETY: this task owns columns j0..j1 of y; j + r < j1 and i + q < m.
+                        unsafe { t.y.write(i + q, j + r, acc * W::POST * t.scale.row(j + r)) };
+                    }
+                }
+                i += MR;
+            }
+            j += NR;
+        }
+        i0 = i1;
+    }
+}
+
+/// Dot products of `MR` rows of x with `NR` weight rows over columns `c0..c1`, in the weights'
+/// load domain (divided by `W::POST`).
+#[inline(always)]
+pub(crate) fn tile<V: Vector, W: Elem, const MR: usize, const NR: usize>(
+    v: V,
+    x: &[&[f32]; MR],
+    w: &[&[W]; NR],
+    c0: usize,
+    c1: usize,
+) -> [[f32; NR]; MR] {
+    const { assert!(V::LANES <= MAX_LANES) };
+    let x: [&[f32]; MR] = std::array::from_fn(|q| &x[q][c0..c1]);
+    let w: [&[W]; NR] = std::array::from_fn(|r| &w[r][c0..c1]);
+    let len = c1 - c0;
+    let full = len - len % V::LANES;
+    let mut acc = [[v.zero(); NR]; MR];
+    let mut l = 0;
+    while l < full {
+        // SAFETY: l + LANES <= full <= len, and every row slice has `len` elements.
+        let wv: [V::F; NR] = std::array::from_fn(|r| unsafe { v.load_elem(w[r].as_ptr().add(l)) });
+        for q in 0..MR {
+            // SAFETY: as above.
+            let xv = unsafe { v.load(x[q].as_ptr().add(l)) };
+            for r in 0..NR {
+                acc[q][r] = v.fma(xv, wv[r], acc[q][r]);
+            }
+        }
+        l += V::LANES;
+    }
+    if full < len {
+        // Zero padding: the zero code is +0 in every float type.
+        let mut wt = [[W::zeroed(); MAX_LANES]; NR];
+        let mut xt = [[0.0f32; MAX_LANES]; MR];
+        for r in 0..NR {
+            wt[r][..len - full].copy_from_slice(&w[r][full..]);
+        }
+        for q in 0..MR {
+            xt[q][..len - full].copy_from_slice(&x[q][full..]);
+        }
+        // SAFETY: the padded buffers hold MAX_LANES >= LANES elements.
+        let wv: [V::F; NR] = std::array::from_fn(|r| unsafe { v.load_elem(wt[r].as_ptr()) });
+        for q in 0..MR {
+            // SAFETY: as above.
+            let xv = unsafe { v.load(xt[q].as_ptr()) };
+            for r in 0..NR {
+                acc[q][r] = v.fma(xv, wv[r], acc[q][r]);
+            }
+        }
+    }
+    std::array::from_fn(|q| std::array::from_fn(|r| v.hsum(acc[q][r])))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entry points
+
+pub(crate) fn linear(
+    fast: &Fast,
+    d: LinearDims,
+    x: &HostTensor,
+    w: &Linear<HostStorage>,
+    y: &mut HostTensor,
+) -> Result<()> {
+    let op = "linear";
+    let scale = Scale::new(op, &w.scale, d.k)?;
+    let y_dtype = y.dtype();
+    with_scratch(&INPUT_F32, if x.dtype() == DType::F32 { 0 } else { d.m * d.k }, 0.0, |scratch| {
+        let xf: &[f32] = match x.dtype() {
+            DType::F32 => x.as_slice(),
+            DType::BF16 => widen_into(x.as_slice::<bf16>(), scratch),
+            DType::F16 => widen_into(x.as_slice::<f16>(), scratch),
+            other => {
+                return Err(Error::DType { op, tensor: "x", got: other, allowed: DType::ACTIVATIONS.into() });
+            }
+        };
+        match y_dtype {
+            DType::F32 => linear_y::<f32>(fast, d, xf, w, scale, y.as_mut_slice(op, "y")?),
+            DType::BF16 => linear_y::<bf16>(fast, d, xf, w, scale, y.as_mut_slice(op, "y")?),
+            DType::F16 => linear_y::<f16>(fast, d, xf, w, scale, y.as_mut_slice(op, "y")?),
+            other => Err(Error::DType { op, tensor: "y", got: other, allowed: DType::ACTIVATIONS.into() }),
+        }
+    })
+}
+
+fn widen_into<'s, T: Elem>(src: &[T], dst: &'s mut [f32]) -> &'s [f32] {
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = s.widen();
+    }
+    dst
+}
+
+fn linear_y<Y: Float>(
+    fast: &Fast,
+    d: LinearDims,
+    x: &[f32],
+    w: &Linear<HostStorage>,
+    scale: Scale<'_>,
+    y: &mut [Y],
+) -> Result<()> {
+    with_float_type!(w.weight.dtype(), W => {
+        linear_wy::<W, Y>(fast, d, x, w.weight.as_slice::<W>(), scale, y);
+        Ok(())
+    }, else => Err(Error::DType {
+        op: "linear", tensor: "weight", got: w.weight.dtype(), allowed: DType::FLOATS.into()
+    }))
+}
+
+fn linear_wy<W: Elem, Y: Float>(
+    fast: &Fast,
+    d: LinearDims,
+    x: &[f32],
+    w: &[W],
+    scale: Scale<'_>,
+    y: &mut [Y],
+) {
+    let lanes = fast.simd.lanes();
+    let p = plan(d, fast.threads, x_tile(d.m, lanes), if d.m == 1 { GEMV_ROWS } else { GEMM_W_ROWS });
+    let out = OutPtr { ptr: y.as_mut_ptr(), len: y.len(), cols: d.n };
+    let simd = fast.simd;
+    fast.for_each_task(p.tasks, d.m * d.n * d.k, |t| {
+        let j0 = t * p.rows_per_task;
+        let j1 = d.n.min(j0 + p.rows_per_task);
+        let task = LinearTask { x, m: d.m, k: d.k, w, scale, x_block: p.x_block, j0, j1, y: out };
+        simd.run(task);
+    });
+}
+
+/// `out[r] = table[ids[r]]`, dequantised (each element times its scale).
+pub(crate) fn embedding(
+    fast: &Fast,
+    d: GatherDims,
+    table: &Linear<HostStorage>,
+    ids: &HostTensor,
+    out: &mut HostTensor,
+) -> Result<()> {
+    let op = "embedding";
+    let ids = ids.as_slice::<u32>();
+    for (row, &id) in ids.iter().enumerate() {
+        if id as usize >= d.rows {
+            return Err(Error::TokenOutOfRange { op, row, id, vocab: d.rows });
+        }
+    }
+    let scale = Scale::new(op, &table.scale, d.cols)?;
+    let out = out.as_mut_slice::<f32>(op, "out")?;
+    let cols = d.cols;
+    with_float_type!(table.weight.dtype(), T => {
+        let t = table.weight.as_slice::<T>();
+        fast.for_each_chunk(out, cols, d.picked * cols, |r, o| {
+            let j = ids[r] as usize;
+            for (l, (o, w)) in o.iter_mut().zip(&t[j * cols..(j + 1) * cols]).enumerate() {
+                *o = w.widen() * scale.at(j, l);
+            }
+        });
+        Ok(())
+    }, else => Err(Error::DType {
+        op, tensor: "table", got: table.weight.dtype(), allowed: DType::FLOATS.into()
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Backend;
+    use crate::cpu::fast::simd::Simd;
+    use crate::cpu::fast::testutil::{Rng, assert_close, backends};
+    use crate::dtype::decode_f32;
+
+    /// The scale layouts under test.
+    #[derive(Clone, Copy, Debug)]
+    enum ScaleKind {
+        None,
+        PerTensor,
+        PerChannel(DType),
+        /// block rows, block cols, scale dtype
+        Block(usize, usize, DType),
+    }
+
+    /// Runs `y = x . W^T` through `fast` and compares with an f64 loop over the stored values.
+    ///
+    /// Tolerance: each output is an f32 sum of k products (FMA: one rounding per step of a lane's
+    /// chain, then a tree of LANES partial sums), times a block or row scale (one more rounding),
+    /// so |err| <= (k + 4) * 2^-24 * sum |x w s| (a loose form of the gamma_n bound); plus half an
+    /// ulp of y's type for the final rounding.
+    #[allow(clippy::too_many_arguments)]
+    fn check(
+        fast: &Fast,
+        m: usize,
+        n: usize,
+        k: usize,
+        wt: DType,
+        xt: DType,
+        yt: DType,
+        sk: ScaleKind,
+        seed: u64,
+    ) {
+        let mut rng = Rng::new(seed);
+        let x = fast.upload_f32(xt, &[m, k], &rng.vec(m * k)).unwrap();
+        let weight = fast.upload_f32(wt, &[n, k], &rng.vec(n * k)).unwrap();
+        let xs = decode_f32(xt, &fast.read(&x).unwrap()).unwrap();
+        let ws = decode_f32(wt, &fast.read(&weight).unwrap()).unwrap();
+        // Scales in [0.5, 2) with random sign, stored then decoded.
+        let mut scales = |len: usize, dt: DType| {
+            let v: Vec<f32> =
+                (0..len).map(|_| rng.uniform() * 0.75 + 1.25 * rng.uniform().signum()).collect();
+            let t = fast.upload_f32(dt, &[len], &v).unwrap();
+            let vals = decode_f32(dt, &fast.read(&t).unwrap()).unwrap();
+            (t, vals)
+        };
+        let (scale, s_of): (WeightScale<HostStorage>, Box<dyn Fn(usize, usize) -> f64>) = match sk {
+            ScaleKind::None => (WeightScale::None, Box::new(|_, _| 1.0)),
+            ScaleKind::PerTensor => (WeightScale::PerTensor(-0.375), Box::new(|_, _| -0.375)),
+            ScaleKind::PerChannel(dt) => {
+                let (t, v) = scales(n, dt);
+                (WeightScale::PerChannel(t), Box::new(move |j, _| v[j] as f64))
+            }
+            ScaleKind::Block(br, bc, dt) => {
+                let (rows, cols) = (n.div_ceil(br), k.div_ceil(bc));
+                let (t, v) = scales(rows * cols, dt);
+                let t = t.reshape(&[rows, cols]).unwrap();
+                (
+                    WeightScale::Block { block_rows: br, block_cols: bc, scales: t },
+                    Box::new(move |j, l| v[(j / br) * cols + l / bc] as f64),
+                )
+            }
+        };
+        let w = Linear { weight, scale };
+        let mut y = fast.alloc(yt, &[m, n]).unwrap();
+        fast.linear(&x, &w, &mut y).unwrap();
+        let got = fast.read_f32(&y).unwrap();
+
+        let mut want = vec![0.0f64; m * n];
+        let mut tol = vec![0.0f64; m * n];
+        let u_y = yt.unit_roundoff().unwrap();
+        for i in 0..m {
+            for j in 0..n {
+                let (mut acc, mut mag) = (0.0f64, 0.0f64);
+                for l in 0..k {
+                    let p = xs[i * k + l] as f64 * ws[j * k + l] as f64 * s_of(j, l);
+                    acc += p;
+                    mag += p.abs();
+                }
+                want[i * n + j] = acc;
+                tol[i * n + j] = (k as f64 + 4.0) * 2f64.powi(-24) * mag + u_y * acc.abs();
+            }
+        }
+        let what = format!("linear {} m={m} n={n} k={k} w={wt} x={xt} y={yt} {sk:?}", fast.simd());
+        assert_close(&what, &got, &want, &tol);
+    }
+
+    #[test]
+    fn every_weight_type_and_odd_shape() {
+        for fast in backends() {
+            for wt in DType::FLOATS {
+                for (m, n, k) in
+                    [(1, 1, 1), (1, 3, 3), (1, 5, 17), (1, 7, 4097), (2, 3, 17), (5, 9, 33), (4, 4, 16)]
+                {
+                    check(
+                        &fast,
+                        m,
+                        n,
+                        k,
+                        wt,
+                        DType::F32,
+                        DType::F32,
+                        ScaleKind::None,
+                        (m * 31 + n * 7 + k) as u64,
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn activation_types() {
+        for fast in backends() {
+            for xt in DType::ACTIVATIONS {
+                for yt in DType::ACTIVATIONS {
+                    check(&fast, 1, 5, 19, DType::BF16, xt, yt, ScaleKind::None, 1);
+                    check(&fast, 3, 6, 40, DType::F8E4M3Fn, xt, yt, ScaleKind::PerTensor, 2);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn scales() {
+        let kinds = [
+            ScaleKind::PerTensor,
+            ScaleKind::PerChannel(DType::F32),
+            ScaleKind::PerChannel(DType::BF16),
+            ScaleKind::Block(128, 128, DType::F32),
+            ScaleKind::Block(3, 5, DType::BF16),
+            ScaleKind::Block(1, 17, DType::F32),
+            ScaleKind::Block(2, 1, DType::F32),
+        ];
+        for fast in backends() {
+            for sk in kinds {
+                for wt in [DType::BF16, DType::F8E4M3Fn, DType::F8E5M2Fnuz] {
+                    for (m, n, k) in [(1, 7, 300), (3, 5, 37), (6, 130, 129)] {
+                        check(&fast, m, n, k, wt, DType::F32, DType::F32, sk, 7);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gemm_larger_than_an_x_block() {
+        // k = 4100 gives x blocks of 12 (AVX-512) or 14 rows: several blocks and a ragged tail.
+        for fast in backends() {
+            check(&fast, 29, 11, 4100, DType::BF16, DType::F32, DType::F32, ScaleKind::None, 3);
+        }
+    }
+
+    #[test]
+    fn thread_counts_agree() {
+        let mut outs = Vec::new();
+        for threads in [1, 2, 3, 8] {
+            let fast = Fast::with_threads(threads).unwrap();
+            let mut rng = Rng::new(9);
+            let x = fast.upload_f32(DType::F32, &[1, 1000], &rng.vec(1000)).unwrap();
+            let w = Linear::plain(fast.upload_f32(DType::BF16, &[300, 1000], &rng.vec(300_000)).unwrap());
+            let mut y = fast.alloc(DType::F32, &[1, 300]).unwrap();
+            fast.linear(&x, &w, &mut y).unwrap();
+            outs.push(fast.read_f32(&y).unwrap());
+        }
+        // The split changes which rows a thread does, never how a row is summed: bit-identical.
+        assert!(outs.windows(2).all(|w| w[0] == w[1]));
+    }
+
+    #[test]
+    fn nan_weights_poison_only_their_row() {
+        for fast in backends() {
+            for (wt, nan_code) in [
+                (DType::F8E4M3Fn, 0x7fu8),
+                (DType::F8E4M3Fn, 0xff),
+                (DType::F8E4M3Fnuz, 0x80),
+                (DType::F8E5M2, 0x7e),
+                (DType::F8E5M2Fnuz, 0x80),
+            ] {
+                let (n, k) = (6, 37);
+                let mut codes = vec![0x38u8; n * k];
+                codes[2 * k + 20] = nan_code; // row 2, vector part
+                codes[4 * k + 36] = nan_code; // row 4, tail
+                let w = Linear::plain(fast.upload(wt, &[n, k], &codes).unwrap());
+                let x = fast.upload_f32(DType::F32, &[1, k], &vec![0.25; k]).unwrap();
+                let mut y = fast.alloc(DType::F32, &[1, n]).unwrap();
+                fast.linear(&x, &w, &mut y).unwrap();
+                let y = fast.read_f32(&y).unwrap();
+                for (j, v) in y.iter().enumerate() {
+                    assert_eq!(
+                        v.is_nan(),
+                        j == 2 || j == 4,
+                        "{} {wt} code {nan_code:#x}: row {j} = {v}",
+                        fast.simd()
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn plans() {
+        let d = |m, n, k| LinearDims { m, n, k };
+        // GEMV at a Llama shape: 8 tasks of 512 rows on 2 threads.
+        assert_eq!(plan(d(1, 4096, 4096), 2, 1, 4), Plan { rows_per_task: 512, tasks: 8, x_block: 1 });
+        // Tiny: one task of one tile.
+        assert_eq!(plan(d(1, 3, 5), 2, 1, 4), Plan { rows_per_task: 4, tasks: 1, x_block: 1 });
+        // Rows per task stay a multiple of the tile, and cover n.
+        for n in [1, 5, 17, 4097, 28672] {
+            for threads in [1, 2, 3, 16] {
+                let p = plan(d(1, n, 64), threads, 1, 4);
+                assert_eq!(p.rows_per_task % 4, 0);
+                assert!(p.tasks * p.rows_per_task >= n && (p.tasks - 1) * p.rows_per_task < n);
+            }
+        }
+        // x blocks: as many rows as fit X_BLOCK_BYTES, in whole tiles, at least one tile.
+        assert_eq!(plan(d(512, 4096, 4096), 2, 4, 4).x_block, 16);
+        assert_eq!(plan(d(512, 4096, 14336), 2, 4, 4).x_block, 4);
+        assert_eq!(plan(d(512, 4096, 1 << 20), 2, 4, 4).x_block, 4);
+        assert_eq!(plan(d(3, 4096, 64), 2, 2, 4).x_block, 4);
+    }
+
+    #[test]
+    fn embedding_dequantises_rows() {
+        for fast in backends() {
+            let (vocab, cols) = (10, 19);
+            let mut rng = Rng::new(5);
+            let table = fast.upload_f32(DType::F8E4M3Fn, &[vocab, cols], &rng.vec(vocab * cols)).unwrap();
+            let stored = fast.read_f32(&table).unwrap();
+            let sc: Vec<f32> = (0..vocab).map(|i| 0.5 + i as f32).collect();
+            let scales = fast.upload_f32(DType::F32, &[vocab, 1], &sc).unwrap();
+            let table = Linear { weight: table, scale: WeightScale::PerChannel(scales) };
+            let ids = fast.upload_u32(&[3], &[9, 0, 9]).unwrap();
+            let mut out = fast.alloc(DType::F32, &[3, cols]).unwrap();
+            fast.embedding(&table, &ids, &mut out).unwrap();
+            let got = fast.read_f32(&out).unwrap();
+            for (r, &id) in [9usize, 0, 9].iter().enumerate() {
+                for c in 0..cols {
+                    assert_eq!(got[r * cols + c], stored[id * cols + c] * sc[id]);
+                }
+            }
+            let bad = fast.upload_u32(&[3], &[1, 10, 11]).unwrap();
+            let err = fast.embedding(&table, &bad, &mut out).unwrap_err();
+            assert_eq!(err, Error::TokenOutOfRange { op: "embedding", row: 1, id: 10, vocab });
+        }
+    }
+
+    #[test]
+    fn tile_against_f64_at_odd_lengths() {
+        struct T<'a> {
+            x: &'a [&'a [f32]; 2],
+            w: &'a [&'a [half::bf16]; 3],
+            c0: usize,
+            c1: usize,
+        }
+        impl Kernel for T<'_> {
+            type Output = [[f32; 3]; 2];
+            #[inline(always)]
+            fn run<V: Vector>(self, v: V) -> [[f32; 3]; 2] {
+                tile::<V, half::bf16, 2, 3>(v, self.x, self.w, self.c0, self.c1)
+            }
+        }
+        let mut rng = Rng::new(11);
+        for simd in Simd::available() {
+            for len in [1, 3, 15, 16, 17, 31, 33, 4097] {
+                let xs: Vec<Vec<f32>> = (0..2).map(|_| rng.vec(len + 5)).collect();
+                let ws: Vec<Vec<half::bf16>> = (0..3)
+                    .map(|_| rng.vec(len + 5).into_iter().map(half::bf16::from_f32).collect())
+                    .collect();
+                let x = [&xs[0][..], &xs[1][..]];
+                let w = [&ws[0][..], &ws[1][..], &ws[2][..]];
+                let got = simd.run(T { x: &x, w: &w, c0: 2, c1: 2 + len });
+                for q in 0..2 {
+                    for r in 0..3 {
+                        let (mut want, mut mag) = (0.0f64, 0.0f64);
+                        for l in 2..2 + len {
+                            let p = x[q][l] as f64 * w[r][l].to_f64();
+                            want += p;
+                            mag += p.abs();
+                        }
+                        let tol = (len as f64 + 4.0) * 2f64.powi(-24) * mag;
+                        let e = (got[q][r] as f64 - want).abs();
+                        assert!(e <= tol, "{} len {len} ({q},{r}): {} vs {want}", simd.name(), got[q][r]);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,839 @@
+//! SIMD building blocks of the fast CPU backend.
+//!
+//! Two traits keep the kernels generic and the instruction sets apart:
+//! - [`Vector`]: an f32 vector of `LANES` lanes and the few operations the kernels use (load,
+//!   store, fused multiply-add, horizontal sum). Implemented by [`Avx512`] (16 lanes),
+//!   [`Avx2`] (8 lanes, with FMA and F16C) and [`Portable`] (8 lanes of plain Rust, correct on
+//!   every target).
+//! - [`Elem`]: a stored float type; `Vector::load_elem` loads `LANES` of them and widens them to
+//!   f32 in registers. The value loaded is the stored value divided by `Elem::POST`, a power of
+//!   two the caller multiplies back after its reduction (exact: scaling by a power of two only moves the
+//!   exponent). This lets the fp8 formats widen through f16 bit patterns:
+//!   - bf16: the top half of an f32 (shift left 16).
+//!   - f16: `vcvtph2ps`.
+//!   - e5m2: the top byte of an f16 with the same bias, infinities and NaNs (shift left 8).
+//!   - e4m3fn / e4m3fnuz: `S EEEE MMM` placed as `S 0EEEE MMM0000000`, an f16 whose value is the
+//!     fp8 value times 2^-8 (fn, bias 7) or 2^-7 (fnuz, bias 8), subnormals included; the NaN
+//!     codes (S.1111.111, resp. 0x80) are patched to an f16 NaN with a compare and a blend.
+//!   - e5m2fnuz: `S EEEEE MM` placed as the f32 `S 000EEEEE MM0...`, times 2^111 in the loop (its
+//!     exponent range does not fit f16; the product is exact), NaN code 0x80 patched.
+//!
+//! The x86 token types can only be made after runtime feature detection, so their methods may
+//! call the intrinsics: a token's existence proves the CPU has the features. A kernel is a
+//! [`Kernel`] whose `#[inline(always)] run::<V>` is generic over the vector type; [`Simd::run`]
+//! calls it inside a `#[target_feature]` wrapper, where LLVM inlines the intrinsics and emits the
+//! wide instructions.
+//!
+//! `Elem::widen` is the exact per-element widening used by tails and elementwise ops; the fp8
+//! formats widen through 256-entry tables built at compile time from the formats' definitions.
+
+use half::{bf16, f16};
+
+use crate::{F8E4M3Fn, F8E4M3Fnuz, F8E5M2, F8E5M2Fnuz, Float};
+
+/// Largest `LANES` of any [`Vector`]; sizes the padded tail buffers.
+pub(crate) const MAX_LANES: usize = 16;
+
+// ---------------------------------------------------------------------------------------------
+// Instruction set selection and dispatch
+
+/// An instruction set the fast backend has kernels for, with the token that proves the CPU has
+/// it. Made only by [`Simd::detect`] / [`Simd::from_name`], which check the CPU.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Simd {
+    /// AVX-512 F/BW/VL with AVX2, FMA and F16C: 16 f32 lanes.
+    #[cfg(target_arch = "x86_64")]
+    Avx512(Avx512),
+    /// AVX2 with FMA and F16C: 8 f32 lanes.
+    #[cfg(target_arch = "x86_64")]
+    Avx2(Avx2),
+    /// Plain Rust over 8-lane arrays; whatever the compiler vectorises for the base target.
+    Portable,
+}
+
+/// Names of the instruction sets, best first.
+pub(crate) const SIMD_NAMES: [&str; 3] = ["avx512", "avx2", "portable"];
+
+impl Simd {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Simd::Avx512(_) => "avx512",
+            #[cfg(target_arch = "x86_64")]
+            Simd::Avx2(_) => "avx2",
+            Simd::Portable => "portable",
+        }
+    }
+
+    /// The named instruction set, if this CPU has it.
+    pub(crate) fn from_name(name: &str) -> Option<Simd> {
+        match name {
+            #[cfg(target_arch = "x86_64")]
+            "avx512" => Avx512::detect().map(Simd::Avx512),
+            #[cfg(target_arch = "x86_64")]
+            "avx2" => Avx2::detect().map(Simd::Avx2),
+            "portable" => Some(Simd::Portable),
+            _ => None,
+        }
+    }
+
+    /// Every instruction set this CPU has, best first.
+    pub(crate) fn available() -> Vec<Simd> {
+        SIMD_NAMES.iter().filter_map(|n| Simd::from_name(n)).collect()
+    }
+
+    /// The best instruction set this CPU has.
+    pub(crate) fn detect() -> Simd {
+        SIMD_NAMES.iter().find_map(|n| Simd::from_name(n)).unwrap_or(Simd::Portable)
+    }
+
+    /// f32 lanes of a vector.
+    pub(crate) fn lanes(self) -> usize {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Simd::Avx512(_) => 16,
+            #[cfg(target_arch = "x86_64")]
+            Simd::Avx2(_) => 8,
+            Simd::Portable => 8,
+        }
+    }
+
+    /// Runs `k` compiled for this instruction set.
+    #[inline]
+    pub(crate) fn run<K: Kernel>(self, k: K) -> K::Output {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Simd::Avx512(v) => {
+                #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+                fn go<K: Kernel>(v: Avx512, k: K) -> K::Output {
+                    k.run(v)
+                }
+                // SAFETY: the `Avx512` token exists only if the CPU has every enabled feature.
+                unsafe { go(v, k) }
+            }
+            #[cfg(target_arch = "x86_64")]
+            Simd::Avx2(v) => {
+                #[target_feature(enable = "avx2,fma,f16c")]
+                fn go<K: Kernel>(v: Avx2, k: K) -> K::Output {
+                    k.run(v)
+                }
+                // SAFETY: the `Avx2` token exists only if the CPU has every enabled feature.
+                unsafe { go(v, k) }
+            }
+            Simd::Portable => k.run(Portable),
+        }
+    }
+}
+
+/// A kernel generic over the vector type, run through [`Simd::run`]. `run` must be
+/// `#[inline(always)]` so it is compiled inside the level's `#[target_feature]` wrapper.
+pub(crate) trait Kernel {
+    type Output;
+    fn run<V: Vector>(self, v: V) -> Self::Output;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Traits
+
+/// An f32 vector of `LANES` lanes. Methods take the (zero-sized) token by value.
+pub(crate) trait Vector: Copy + Send + Sync + 'static {
+    const LANES: usize;
+    type F: Copy;
+
+    fn zero(self) -> Self::F;
+    fn splat(self, v: f32) -> Self::F;
+    /// # Safety
+    /// `p .. p + LANES` must be readable f32s.
+    unsafe fn load(self, p: *const f32) -> Self::F;
+    /// `LANES` stored elements widened to f32, divided by `W::POST`.
+    /// # Safety
+    /// `p .. p + LANES` must be readable elements.
+    unsafe fn load_elem<W: Elem>(self, p: *const W) -> Self::F;
+    /// # Safety
+    /// `p .. p + LANES` must be writable f32s.
+    unsafe fn store(self, p: *mut f32, v: Self::F);
+    /// `a * b + c`, fused where the ISA has it.
+    fn fma(self, a: Self::F, b: Self::F, c: Self::F) -> Self::F;
+    fn add(self, a: Self::F, b: Self::F) -> Self::F;
+    fn mul(self, a: Self::F, b: Self::F) -> Self::F;
+    /// Sum of the lanes.
+    fn hsum(self, a: Self::F) -> f32;
+}
+
+/// A stored float type: exact scalar widening, and the vector loads of each instruction set.
+pub(crate) trait Elem: Float {
+    /// A vector load gives the stored value divided by `POST` (a power of two, so exact; 1 for
+    /// f32, bf16, f16 and e5m2). Callers multiply it back after their reduction.
+    const POST: f32;
+    /// The true value.
+    fn widen(self) -> f32;
+    /// The value divided by `POST` (exact).
+    #[inline(always)]
+    fn widen_raw(self) -> f32 {
+        self.widen() * (1.0 / Self::POST)
+    }
+    /// 16 elements, divided by `POST`.
+    /// # Safety
+    /// `p .. p + 16` must be readable.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load_avx512(v: Avx512, p: *const Self) -> std::arch::x86_64::__m512;
+    /// 8 elements, divided by `POST`.
+    /// # Safety
+    /// `p .. p + 8` must be readable.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load_avx2(v: Avx2, p: *const Self) -> std::arch::x86_64::__m256;
+}
+
+// ---------------------------------------------------------------------------------------------
+// fp8 tables (f32 bit patterns), computed at compile time from the formats' definitions
+
+#[derive(Clone, Copy)]
+enum Fp8Kind {
+    /// NaN = S.1111.111, no infinities.
+    Fn,
+    /// NaN = 0x80, no infinities, no negative zero.
+    Fnuz,
+    /// Top exponent: infinity (M = 0) or NaN.
+    Ieee,
+}
+
+const F32_QNAN: u32 = 0x7fc0_0000;
+
+const fn fp8_bits(code: u8, mant_bits: u32, bias: i32, kind: Fp8Kind) -> u32 {
+    let c = code as u32;
+    let sign = (c & 0x80) << 24;
+    let exp_max = (1u32 << (7 - mant_bits)) - 1;
+    let e = (c >> mant_bits) & exp_max;
+    let m = c & ((1 << mant_bits) - 1);
+    match kind {
+        Fp8Kind::Fn if c & 0x7f == 0x7f => return F32_QNAN,
+        Fp8Kind::Fnuz if c == 0x80 => return F32_QNAN,
+        Fp8Kind::Ieee if e == exp_max => return if m == 0 { sign | 0x7f80_0000 } else { F32_QNAN },
+        _ => {}
+    }
+    if e == 0 {
+        if m == 0 {
+            return sign;
+        }
+        // Subnormal: (m / 2^mant_bits) * 2^(1 - bias); normalise the significand.
+        let mut mm = m;
+        let mut ex = 1 - bias;
+        while mm & (1 << mant_bits) == 0 {
+            mm <<= 1;
+            ex -= 1;
+        }
+        sign | (((ex + 127) as u32) << 23) | ((mm & ((1 << mant_bits) - 1)) << (23 - mant_bits))
+    } else {
+        sign | (((e as i32 - bias + 127) as u32) << 23) | (m << (23 - mant_bits))
+    }
+}
+
+const fn fp8_table(mant_bits: u32, bias: i32, kind: Fp8Kind) -> [u32; 256] {
+    let mut t = [0u32; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = fp8_bits(i as u8, mant_bits, bias, kind);
+        i += 1;
+    }
+    t
+}
+
+static E4M3FN_BITS: [u32; 256] = fp8_table(3, 7, Fp8Kind::Fn);
+static E4M3FNUZ_BITS: [u32; 256] = fp8_table(3, 8, Fp8Kind::Fnuz);
+static E5M2_BITS: [u32; 256] = fp8_table(2, 15, Fp8Kind::Ieee);
+static E5M2FNUZ_BITS: [u32; 256] = fp8_table(2, 16, Fp8Kind::Fnuz);
+
+// ---------------------------------------------------------------------------------------------
+// Element types
+
+macro_rules! elem_loads {
+    ($t:ty) => {
+        #[cfg(target_arch = "x86_64")]
+        #[inline(always)]
+        unsafe fn load_avx512(v: Avx512, p: *const $t) -> std::arch::x86_64::__m512 {
+            // SAFETY: forwarded contract: 16 readable elements at `p`.
+            unsafe { x86::Load::<$t>::avx512(v, p) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        #[inline(always)]
+        unsafe fn load_avx2(v: Avx2, p: *const $t) -> std::arch::x86_64::__m256 {
+            // SAFETY: forwarded contract: 8 readable elements at `p`.
+            unsafe { x86::Load::<$t>::avx2(v, p) }
+        }
+    };
+}
+
+impl Elem for f32 {
+    const POST: f32 = 1.0;
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+    elem_loads!(f32);
+}
+
+impl Elem for bf16 {
+    const POST: f32 = 1.0;
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        // Exact: a bf16 is the top half of an f32.
+        f32::from_bits((self.to_bits() as u32) << 16)
+    }
+    elem_loads!(bf16);
+}
+
+impl Elem for f16 {
+    const POST: f32 = 1.0;
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+    elem_loads!(f16);
+}
+
+macro_rules! fp8_elem {
+    ($t:ty, $table:ident, $post:expr) => {
+        impl Elem for $t {
+            const POST: f32 = $post;
+            #[inline(always)]
+            fn widen(self) -> f32 {
+                f32::from_bits($table[self.0 as usize])
+            }
+            elem_loads!($t);
+        }
+    };
+}
+fp8_elem!(F8E4M3Fn, E4M3FN_BITS, 256.0);
+fp8_elem!(F8E4M3Fnuz, E4M3FNUZ_BITS, 128.0);
+fp8_elem!(F8E5M2, E5M2_BITS, 1.0);
+fp8_elem!(F8E5M2Fnuz, E5M2FNUZ_BITS, 1.0);
+
+// ---------------------------------------------------------------------------------------------
+// Portable
+
+/// Plain Rust over 8-lane arrays.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Portable;
+
+impl Vector for Portable {
+    const LANES: usize = 8;
+    type F = [f32; 8];
+
+    #[inline(always)]
+    fn zero(self) -> [f32; 8] {
+        [0.0; 8]
+    }
+    #[inline(always)]
+    fn splat(self, v: f32) -> [f32; 8] {
+        [v; 8]
+    }
+    #[inline(always)]
+    unsafe fn load(self, p: *const f32) -> [f32; 8] {
+        // SAFETY: the caller guarantees 8 readable f32s at `p`; unaligned reads are allowed.
+        unsafe { p.cast::<[f32; 8]>().read_unaligned() }
+    }
+    #[inline(always)]
+    unsafe fn load_elem<W: Elem>(self, p: *const W) -> [f32; 8] {
+        // SAFETY: the caller guarantees 8 readable elements at `p`.
+        let a = unsafe { p.cast::<[W; 8]>().read_unaligned() };
+        a.map(W::widen_raw)
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32, v: [f32; 8]) {
+        // SAFETY: the caller guarantees 8 writable f32s at `p`.
+        unsafe { p.cast::<[f32; 8]>().write_unaligned(v) }
+    }
+    #[inline(always)]
+    fn fma(self, a: [f32; 8], b: [f32; 8], c: [f32; 8]) -> [f32; 8] {
+        // Not fused: `mul_add` without hardware FMA is a slow library call.
+        std::array::from_fn(|i| a[i] * b[i] + c[i])
+    }
+    #[inline(always)]
+    fn add(self, a: [f32; 8], b: [f32; 8]) -> [f32; 8] {
+        std::array::from_fn(|i| a[i] + b[i])
+    }
+    #[inline(always)]
+    fn mul(self, a: [f32; 8], b: [f32; 8]) -> [f32; 8] {
+        std::array::from_fn(|i| a[i] * b[i])
+    }
+    #[inline(always)]
+    fn hsum(self, a: [f32; 8]) -> f32 {
+        ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// x86-64
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) use x86::{Avx2, Avx512};
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+    use std::marker::PhantomData;
+
+    use half::{bf16, f16};
+
+    use super::{Elem, Vector};
+    use crate::{F8E4M3Fn, F8E4M3Fnuz, F8E5M2, F8E5M2Fnuz};
+
+    /// AVX-512 F/BW/VL + AVX2 + FMA + F16C. Only made by [`Avx512::detect`].
+    #[derive(Clone, Copy, Debug)]
+    pub(crate) struct Avx512(());
+
+    /// AVX2 + FMA + F16C. Only made by [`Avx2::detect`].
+    #[derive(Clone, Copy, Debug)]
+    pub(crate) struct Avx2(());
+
+    impl Avx512 {
+        pub(crate) fn detect() -> Option<Avx512> {
+            let ok = is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c");
+            ok.then_some(Avx512(()))
+        }
+    }
+
+    impl Avx2 {
+        pub(crate) fn detect() -> Option<Avx2> {
+            let ok = is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c");
+            ok.then_some(Avx2(()))
+        }
+    }
+
+    // The `unsafe` blocks below that only call register intrinsics share one justification:
+    // the token (`Avx512` / `Avx2`) exists only after `detect` saw the features at run time.
+
+    impl Vector for Avx512 {
+        const LANES: usize = 16;
+        type F = __m512;
+
+        #[inline(always)]
+        fn zero(self) -> __m512 {
+            // SAFETY: the token proves AVX-512F.
+            unsafe { _mm512_setzero_ps() }
+        }
+        #[inline(always)]
+        fn splat(self, v: f32) -> __m512 {
+            // SAFETY: the token proves AVX-512F.
+            unsafe { _mm512_set1_ps(v) }
+        }
+        #[inline(always)]
+        unsafe fn load(self, p: *const f32) -> __m512 {
+            // SAFETY: the token proves AVX-512F; the caller guarantees 16 readable f32s at `p`.
+            unsafe { _mm512_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn load_elem<W: Elem>(self, p: *const W) -> __m512 {
+            // SAFETY: forwarded contract: 16 readable elements at `p`.
+            unsafe { W::load_avx512(self, p) }
+        }
+        #[inline(always)]
+        unsafe fn store(self, p: *mut f32, v: __m512) {
+            // SAFETY: the token proves AVX-512F; the caller guarantees 16 writable f32s at `p`.
+            unsafe { _mm512_storeu_ps(p, v) }
+        }
+        #[inline(always)]
+        fn fma(self, a: __m512, b: __m512, c: __m512) -> __m512 {
+            // SAFETY: the token proves AVX-512F.
+            unsafe { _mm512_fmadd_ps(a, b, c) }
+        }
+        #[inline(always)]
+        fn add(self, a: __m512, b: __m512) -> __m512 {
+            // SAFETY: the token proves AVX-512F.
+            unsafe { _mm512_add_ps(a, b) }
+        }
+        #[inline(always)]
+        fn mul(self, a: __m512, b: __m512) -> __m512 {
+            // SAFETY: the token proves AVX-512F.
+            unsafe { _mm512_mul_ps(a, b) }
+        }
+        #[inline(always)]
+        fn hsum(self, a: __m512) -> f32 {
+            // SAFETY: the token proves AVX-512F.
+            unsafe { _mm512_reduce_add_ps(a) }
+        }
+    }
+
+    impl Vector for Avx2 {
+        const LANES: usize = 8;
+        type F = __m256;
+
+        #[inline(always)]
+        fn zero(self) -> __m256 {
+            // SAFETY: the token proves AVX2.
+            unsafe { _mm256_setzero_ps() }
+        }
+        #[inline(always)]
+        fn splat(self, v: f32) -> __m256 {
+            // SAFETY: the token proves AVX2.
+            unsafe { _mm256_set1_ps(v) }
+        }
+        #[inline(always)]
+        unsafe fn load(self, p: *const f32) -> __m256 {
+            // SAFETY: the token proves AVX2; the caller guarantees 8 readable f32s at `p`.
+            unsafe { _mm256_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn load_elem<W: Elem>(self, p: *const W) -> __m256 {
+            // SAFETY: forwarded contract: 8 readable elements at `p`.
+            unsafe { W::load_avx2(self, p) }
+        }
+        #[inline(always)]
+        unsafe fn store(self, p: *mut f32, v: __m256) {
+            // SAFETY: the token proves AVX2; the caller guarantees 8 writable f32s at `p`.
+            unsafe { _mm256_storeu_ps(p, v) }
+        }
+        #[inline(always)]
+        fn fma(self, a: __m256, b: __m256, c: __m256) -> __m256 {
+            // SAFETY: the token proves FMA.
+            unsafe { _mm256_fmadd_ps(a, b, c) }
+        }
+        #[inline(always)]
+        fn add(self, a: __m256, b: __m256) -> __m256 {
+            // SAFETY: the token proves AVX2.
+            unsafe { _mm256_add_ps(a, b) }
+        }
+        #[inline(always)]
+        fn mul(self, a: __m256, b: __m256) -> __m256 {
+            // SAFETY: the token proves AVX2.
+            unsafe { _mm256_mul_ps(a, b) }
+        }
+        #[inline(always)]
+        fn hsum(self, a: __m256) -> f32 {
+            // SAFETY: the token proves AVX2.
+            unsafe {
+                let s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+                let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+                let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+                _mm_cvtss_f32(s)
+            }
+        }
+    }
+
+    /// The widening loads of element type `T` (namespaced so each type's pair reads together).
+    pub(super) struct Load<T>(PhantomData<T>);
+
+    /// The f16 NaN the fp8 NaN codes are patched to.
+    const F16_NAN: i16 = 0x7e00;
+    /// e4m3 magnitude bits `0 0EEEE MMM 0000000` in an f16 built by the shift below.
+    const E4M3_MAG: i16 = 0x3f80;
+    /// 0x80 (the fnuz NaN) after the e4m3 bit placement: -0.
+    const E4M3FNUZ_NAN_BITS: i16 = 0x8000u16 as i16;
+    /// Clears bit 14, the second copy of the sign the sign-extending widen leaves.
+    const CLEAR_BIT14: i16 = 0xbfffu16 as i16;
+    /// 2^111: an e5m2fnuz code placed in the low exponent bits of an f32 is 2^-111 of itself.
+    const E5M2FNUZ_FOLD: f32 = f32::from_bits((127 + 111) << 23);
+    /// Keeps S and EEEEE MM of a sign-extended code shifted left by 21.
+    const E5M2FNUZ_MASK: i32 = 0x8fe0_0000u32 as i32;
+
+    impl Load<f32> {
+        #[inline(always)]
+        pub(super) unsafe fn avx512(v: Avx512, p: *const f32) -> __m512 {
+            // SAFETY: forwarded contract.
+            unsafe { v.load(p) }
+        }
+        #[inline(always)]
+        pub(super) unsafe fn avx2(v: Avx2, p: *const f32) -> __m256 {
+            // SAFETY: forwarded contract.
+            unsafe { v.load(p) }
+        }
+    }
+
+    impl Load<bf16> {
+        #[inline(always)]
+        pub(super) unsafe fn avx512(_: Avx512, p: *const bf16) -> __m512 {
+            // SAFETY: the token proves AVX-512F/AVX2; the caller guarantees 32 readable bytes.
+            unsafe {
+                let h = _mm256_loadu_si256(p.cast());
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+            }
+        }
+        #[inline(always)]
+        pub(super) unsafe fn avx2(_: Avx2, p: *const bf16) -> __m256 {
+            // SAFETY: the token proves AVX2; the caller guarantees 16 readable bytes.
+            unsafe {
+                let h = _mm_loadu_si128(p.cast());
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+            }
+        }
+    }
+
+    impl Load<f16> {
+        #[inline(always)]
+        pub(super) unsafe fn avx512(_: Avx512, p: *const f16) -> __m512 {
+            // SAFETY: the token proves AVX-512F; the caller guarantees 32 readable bytes.
+            unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
+        }
+        #[inline(always)]
+        pub(super) unsafe fn avx2(_: Avx2, p: *const f16) -> __m256 {
+            // SAFETY: the token proves F16C; the caller guarantees 16 readable bytes.
+            unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+        }
+    }
+
+    /// f16 bits `S 0EEEE MMM0000000` of 16 e4m3 codes: the fp8 value times 2^-8 (bias 7) or
+    /// 2^-7 (bias 8). The sign-extending widen puts S in bits 15 and 14; bit 14 is cleared.
+    #[inline(always)]
+    fn e4m3_f16_bits_x16(_: Avx512, b: __m128i) -> __m256i {
+        // SAFETY: the token proves AVX2.
+        unsafe {
+            let s = _mm256_cvtepi8_epi16(b);
+            _mm256_and_si256(_mm256_slli_epi16::<7>(s), _mm256_set1_epi16(CLEAR_BIT14))
+        }
+    }
+
+    /// As [`e4m3_f16_bits_x16`], for the 8 codes in the low half of `b`.
+    #[inline(always)]
+    fn e4m3_f16_bits_x8(_: Avx2, b: __m128i) -> __m128i {
+        // SAFETY: the token proves AVX2 (SSE4.1 included).
+        unsafe {
+            let s = _mm_cvtepi8_epi16(b);
+            _mm_and_si128(_mm_slli_epi16::<7>(s), _mm_set1_epi16(CLEAR_BIT14))
+        }
+    }
+
+    /// Lanes of `h` where `is_nan` is all ones become an f16 NaN.
+    #[inline(always)]
+    fn patch_f16_nan_x8(_: Avx2, h: __m128i, is_nan: __m128i) -> __m128i {
+        // SAFETY: the token proves AVX2.
+        unsafe { _mm_or_si128(h, _mm_and_si128(is_nan, _mm_set1_epi16(F16_NAN))) }
+    }
+
+    impl Load<F8E4M3Fn> {
+        #[inline(always)]
+        pub(super) unsafe fn avx512(v: Avx512, p: *const F8E4M3Fn) -> __m512 {
+            // SAFETY: the token proves AVX-512F/BW/VL; the caller guarantees 16 readable bytes.
+            unsafe {
+                let h = e4m3_f16_bits_x16(v, _mm_loadu_si128(p.cast()));
+                // NaN: S.1111.111, the magnitude bits all set.
+                let mag = _mm256_set1_epi16(E4M3_MAG);
+                let nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(h, mag), mag);
+                _mm512_cvtph_ps(_mm256_mask_mov_epi16(h, nan, _mm256_set1_epi16(F16_NAN)))
+            }
+        }
+        #[inline(always)]
+        pub(super) unsafe fn avx2(v: Avx2, p: *const F8E4M3Fn) -> __m256 {
+            // SAFETY: the token proves AVX2/F16C; the caller guarantees 8 readable bytes.
+            unsafe {
+                let h = e4m3_f16_bits_x8(v, _mm_loadl_epi64(p.cast()));
+                let mag = _mm_set1_epi16(E4M3_MAG);
+                let nan = _mm_cmpeq_epi16(_mm_and_si128(h, mag), mag);
+                _mm256_cvtph_ps(patch_f16_nan_x8(v, h, nan))
+            }
+        }
+    }
+
+    impl Load<F8E4M3Fnuz> {
+        #[inline(always)]
+        pub(super) unsafe fn avx512(v: Avx512, p: *const F8E4M3Fnuz) -> __m512 {
+            // SAFETY: the token proves AVX-512F/BW/VL; the caller guarantees 16 readable bytes.
+            unsafe {
+                let h = e4m3_f16_bits_x16(v, _mm_loadu_si128(p.cast()));
+                let nan = _mm256_cmpeq_epi16_mask(h, _mm256_set1_epi16(E4M3FNUZ_NAN_BITS));
+                _mm512_cvtph_ps(_mm256_mask_mov_epi16(h, nan, _mm256_set1_epi16(F16_NAN)))
+            }
+        }
+        #[inline(always)]
+        pub(super) unsafe fn avx2(v: Avx2, p: *const F8E4M3Fnuz) -> __m256 {
+            // SAFETY: the token proves AVX2/F16C; the caller guarantees 8 readable bytes.
+            unsafe {
+                let h = e4m3_f16_bits_x8(v, _mm_loadl_epi64(p.cast()));
+                let nan = _mm_cmpeq_epi16(h, _mm_set1_epi16(E4M3FNUZ_NAN_BITS));
+                _mm256_cvtph_ps(patch_f16_nan_x8(v, h, nan))
+            }
+        }
+    }
+
+    impl Load<F8E5M2> {
+        #[inline(always)]
+        pub(super) unsafe fn avx512(_: Avx512, p: *const F8E5M2) -> __m512 {
+            // SAFETY: the token proves AVX-512F/AVX2; the caller guarantees 16 readable bytes.
+            unsafe {
+                let b = _mm_loadu_si128(p.cast());
+                _mm512_cvtph_ps(_mm256_slli_epi16::<8>(_mm256_cvtepu8_epi16(b)))
+            }
+        }
+        #[inline(always)]
+        pub(super) unsafe fn avx2(_: Avx2, p: *const F8E5M2) -> __m256 {
+            // SAFETY: the token proves AVX2/F16C; the caller guarantees 8 readable bytes.
+            unsafe {
+                let b = _mm_loadl_epi64(p.cast());
+                _mm256_cvtph_ps(_mm_slli_epi16::<8>(_mm_cvtepu8_epi16(b)))
+            }
+        }
+    }
+
+    impl Load<F8E5M2Fnuz> {
+        #[inline(always)]
+        pub(super) unsafe fn avx512(_: Avx512, p: *const F8E5M2Fnuz) -> __m512 {
+            // SAFETY: the token proves AVX-512F/BW/VL; the caller guarantees 16 readable bytes.
+            unsafe {
+                let b = _mm_loadu_si128(p.cast());
+                let i = _mm512_slli_epi32::<21>(_mm512_cvtepi8_epi32(b));
+                let f = _mm512_castsi512_ps(_mm512_and_si512(i, _mm512_set1_epi32(E5M2FNUZ_MASK)));
+                let f = _mm512_mul_ps(f, _mm512_set1_ps(E5M2FNUZ_FOLD));
+                let nan = _mm_cmpeq_epi8_mask(b, _mm_set1_epi8(0x80u8 as i8));
+                _mm512_mask_mov_ps(f, nan, _mm512_set1_ps(f32::NAN))
+            }
+        }
+        #[inline(always)]
+        pub(super) unsafe fn avx2(_: Avx2, p: *const F8E5M2Fnuz) -> __m256 {
+            // SAFETY: the token proves AVX2; the caller guarantees 8 readable bytes.
+            unsafe {
+                let s = _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast()));
+                let i = _mm256_slli_epi32::<21>(s);
+                let f = _mm256_castsi256_ps(_mm256_and_si256(i, _mm256_set1_epi32(E5M2FNUZ_MASK)));
+                let f = _mm256_mul_ps(f, _mm256_set1_ps(E5M2FNUZ_FOLD));
+                let nan = _mm256_castsi256_ps(_mm256_cmpeq_epi32(s, _mm256_set1_epi32(-128)));
+                _mm256_blendv_ps(f, _mm256_set1_ps(f32::NAN), nan)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fp8;
+
+    /// Widens `src` with the vector loads of the instruction set, `LANES` at a time.
+    struct WidenAll<'a, W> {
+        src: &'a [W],
+        dst: &'a mut [f32],
+    }
+
+    impl<W: Elem> Kernel for WidenAll<'_, W> {
+        type Output = ();
+        #[inline(always)]
+        fn run<V: Vector>(self, v: V) {
+            assert_eq!(self.src.len() % V::LANES, 0);
+            for (s, d) in self.src.chunks_exact(V::LANES).zip(self.dst.chunks_exact_mut(V::LANES)) {
+                // SAFETY: both chunks hold LANES elements.
+                unsafe { v.store(d.as_mut_ptr(), v.load_elem(s.as_ptr())) };
+            }
+        }
+    }
+
+    fn same(a: f32, b: f32) -> bool {
+        (a.is_nan() && b.is_nan()) || a.to_bits() == b.to_bits()
+    }
+
+    /// Every vector load of `codes` equals the exact widening divided by POST, bit for bit.
+    fn check_vector_widening<W: Elem>(codes: &[W]) {
+        for simd in Simd::available() {
+            let mut out = vec![0.0f32; codes.len()];
+            simd.run(WidenAll { src: codes, dst: &mut out });
+            for (c, &o) in codes.iter().zip(&out) {
+                let want = c.widen() / W::POST;
+                assert!(same(o, want), "{} {:?}: vector {o} vs scalar {want}", simd.name(), c);
+            }
+        }
+    }
+
+    #[test]
+    fn fp8_tables_match_the_codecs() {
+        let decoders: [(&str, fn(u8) -> f32, fn(u8) -> f32); 4] = [
+            ("e4m3fn", fp8::e4m3fn_to_f32, |c| F8E4M3Fn(c).widen()),
+            ("e4m3fnuz", fp8::e4m3fnuz_to_f32, |c| F8E4M3Fnuz(c).widen()),
+            ("e5m2", fp8::e5m2_to_f32, |c| F8E5M2(c).widen()),
+            ("e5m2fnuz", fp8::e5m2fnuz_to_f32, |c| F8E5M2Fnuz(c).widen()),
+        ];
+        for (name, reference, table) in decoders {
+            for c in 0..=255u8 {
+                let (r, t) = (reference(c), table(c));
+                assert!(same(r, t), "{name} code {c:#04x}: table {t} vs codec {r}");
+            }
+        }
+        // Spot checks from the formats' definitions.
+        assert_eq!(F8E4M3Fn(0x7e).widen(), 448.0);
+        assert_eq!(F8E4M3Fn(0x01).widen(), 2f32.powi(-9));
+        assert_eq!(F8E4M3Fn(0x80).widen().to_bits(), (-0.0f32).to_bits());
+        assert_eq!(F8E4M3Fnuz(0x7f).widen(), 240.0);
+        assert!(F8E4M3Fnuz(0x80).widen().is_nan());
+        assert_eq!(F8E5M2(0x7c).widen(), f32::INFINITY);
+        assert_eq!(F8E5M2Fnuz(0x7f).widen(), 57344.0);
+        assert_eq!(F8E5M2Fnuz(0x01).widen(), 2f32.powi(-17));
+    }
+
+    #[test]
+    fn fp8_vector_widening_all_codes() {
+        let codes: Vec<u8> = (0..=255).collect();
+        check_vector_widening(&codes.iter().map(|&c| F8E4M3Fn(c)).collect::<Vec<_>>());
+        check_vector_widening(&codes.iter().map(|&c| F8E4M3Fnuz(c)).collect::<Vec<_>>());
+        check_vector_widening(&codes.iter().map(|&c| F8E5M2(c)).collect::<Vec<_>>());
+        check_vector_widening(&codes.iter().map(|&c| F8E5M2Fnuz(c)).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn half_vector_widening_all_codes() {
+        let bf: Vec<bf16> = (0..=u16::MAX).map(bf16::from_bits).collect();
+        let h: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
+        check_vector_widening(&bf);
+        check_vector_widening(&h);
+        for (b, h) in bf.iter().zip(&h) {
+            assert!(same(b.widen(), b.to_f32()));
+            assert!(same(h.widen(), h.to_f32()));
+        }
+    }
+
+    #[test]
+    fn f32_vector_load_is_identity() {
+        let v: Vec<f32> = (0..4094u32)
+            .map(|i| f32::from_bits(i.wrapping_mul(0x9e37_79b9)))
+            .chain([f32::NAN, -0.0])
+            .collect();
+        check_vector_widening(&v);
+    }
+
+    #[test]
+    fn post_is_a_power_of_two() {
+        for p in [F8E4M3Fn::POST, F8E4M3Fnuz::POST, F8E5M2::POST, F8E5M2Fnuz::POST, bf16::POST, f16::POST] {
+            assert_eq!(p.to_bits() & 0x007f_ffff, 0, "{p}");
+        }
+    }
+
+    /// Horizontal sums and FMAs agree with scalar arithmetic on exactly representable data.
+    struct Arith<'a> {
+        out: &'a mut Vec<f32>,
+    }
+
+    impl Kernel for Arith<'_> {
+        type Output = ();
+        #[inline(always)]
+        fn run<V: Vector>(self, v: V) {
+            let a: Vec<f32> = (0..V::LANES).map(|i| i as f32 + 1.0).collect();
+            let b: Vec<f32> = (0..V::LANES).map(|i| 0.5 * i as f32).collect();
+            // SAFETY: both hold LANES elements.
+            let (x, y) = unsafe { (v.load(a.as_ptr()), v.load(b.as_ptr())) };
+            let r = v.fma(x, y, v.splat(2.0));
+            self.out.push(v.hsum(r));
+            self.out.push(v.hsum(v.add(x, y)));
+            self.out.push(v.hsum(v.mul(x, y)));
+            self.out.push(v.hsum(v.zero()));
+            self.out.push(V::LANES as f32);
+        }
+    }
+
+    #[test]
+    fn vector_arithmetic() {
+        for simd in Simd::available() {
+            let mut out = Vec::new();
+            simd.run(Arith { out: &mut out });
+            let n = out[4] as usize;
+            let a = |i: usize| i as f32 + 1.0;
+            let b = |i: usize| 0.5 * i as f32;
+            let fma: f32 = (0..n).map(|i| a(i) * b(i) + 2.0).sum();
+            let add: f32 = (0..n).map(|i| a(i) + b(i)).sum();
+            let mul: f32 = (0..n).map(|i| a(i) * b(i)).sum();
+            assert_eq!(&out[..4], &[fma, add, mul, 0.0], "{}", simd.name());
+            assert_eq!(n, simd.lanes());
+        }
+    }
+}
