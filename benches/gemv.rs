@@ -12,7 +12,8 @@
 //!
 //! Bytes are `memwall::bytes::linear_bytes` (weight + scales + x + y) and `StreamBuffers::
 //! bytes_per_pass` (read + written), in decimal GB. A GEMV above the read peak is a bench bug.
-//! Sized for a few minutes on 2 cores: 10 samples, short warm-up and measurement times.
+//! Sized for a few minutes on 2 cores: 10 samples, short warm-up and measurement times, no plots
+//! (`cargo bench -- --plotting-backend plotters` draws them).
 
 use std::time::{Duration, Instant};
 
@@ -50,7 +51,10 @@ struct GemvRun {
 
 fn main() {
     let started = Instant::now();
+    // No plots unless asked for (`-- --plotting-backend plotters`): on 2 cores they cost more
+    // time than the measurements.
     let mut c = Criterion::default()
+        .without_plots()
         .sample_size(10)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2))
@@ -188,14 +192,17 @@ fn bench_gemv<B: Backend<Storage = HostStorage>>(
     // Built on the first call, so a benchmark filtered out on the command line costs nothing;
     // criterion only counts the time `iter_custom` returns.
     let mut setup: Option<GemvSetup> = None;
+    let mut setup_time = Duration::ZERO;
     group.bench_function(format!("{n}x{k}"), |b| {
         let s = setup.get_or_insert_with(|| {
+            let start = Instant::now();
             let weights: Vec<Linear<HostStorage>> =
                 (0..copies).map(|i| random_linear(backend, dtype, n, k, 1000 + i)).collect();
             let x_values = random_unit_f32(k, 7);
             let x = backend.upload_f32(DType::F32, &[1, k], &x_values).expect("upload x");
             let mut y = backend.alloc(DType::F32, &[1, n]).expect("allocate y");
             check_gemv(backend, &weights[0], &x_values, &x, &mut y);
+            setup_time = start.elapsed();
             GemvSetup { weights, x, y, next: 0 }
         });
         b.iter_custom(|iters| {
@@ -216,9 +223,10 @@ fn bench_gemv<B: Backend<Storage = HostStorage>>(
     group.finish();
     if !calls.is_empty() {
         println!(
-            "  (rotated {copies} copies of {:.1} MB = {:.2} GB; {} calls timed)",
+            "  (rotated {copies} copies of {:.1} MB = {:.2} GB, filled in {:.1} s; {} calls timed)",
             weight_bytes as f64 / 1e6,
             (copies * weight_bytes) as f64 / 1e9,
+            setup_time.as_secs_f64(),
             calls.len()
         );
     }
