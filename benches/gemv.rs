@@ -5,13 +5,15 @@
 //!    default backend, at the Llama 3.1 8B layer shapes, weights bf16 (no scale) and e4m3fn with
 //!    per-channel f32 scales. Each shape rotates over enough copies of its weight (and scales) to
 //!    fill the same working set, so every call reads its weight from memory, not from cache;
-//! 3. one line per shape and dtype: the median achieved GB/s over the rotation (timed here, call by
-//!    call, in the same loop criterion times) against the median read pass of step 1 (like with
-//!    like: on a shared machine the best pass catches moments when neighbours are quiet; the best
-//!    read and copy passes are printed too).
+//! 3. one line per shape and dtype comparing the two, like with like: the GEMV figure is its best
+//!    full rotation (every copy once: at least the working set streamed, timed here call by call
+//!    in the same loop criterion times), the read peak is the best read pass (the working set
+//!    streamed once). Read passes are also taken before each GEMV shape and after the last, so a
+//!    machine shared with other work is not judged by one quiet or busy moment.
 //!
 //! Bytes are `memwall::bytes::linear_bytes` (weight + scales + x + y) and `StreamBuffers::
-//! bytes_per_pass` (read + written), in decimal GB. A GEMV above the read peak is a bench bug.
+//! bytes_per_pass` (read + written), in decimal GB. A GEMV above the read peak is a bench bug (or
+//! a read kernel that is not the ceiling); the summary says so when it happens.
 //! Sized for a few minutes on 2 cores: 10 samples, short warm-up and measurement times, no plots
 //! (`cargo bench -- --plotting-backend plotters` draws them).
 
@@ -40,13 +42,25 @@ const SHAPES: [(usize, usize); 4] = [
 
 const WEIGHT_DTYPES: [DType; 2] = [DType::BF16, DType::F8E4M3Fn];
 
+/// Read passes taken before each GEMV shape and after the last.
+const READ_PASSES_BETWEEN: usize = 5;
+
 /// What the summary needs from one GEMV benchmark.
 struct GemvRun {
     dtype: DType,
     n: usize,
     k: usize,
     bytes_per_call: u64,
+    copies: usize,
+    /// Every timed call, in order: call `i` used copy `i % copies`.
     calls: Vec<Duration>,
+}
+
+impl GemvRun {
+    /// The shortest complete rotation (copies `0..copies` once each), summed over its calls.
+    fn best_rotation(&self) -> Option<Duration> {
+        self.calls.chunks_exact(self.copies).map(|r| r.iter().sum()).min()
+    }
 }
 
 fn main() {
@@ -70,79 +84,130 @@ fn main() {
         peak::LLC_FACTOR
     );
 
-    let ceiling = bench_peak(&mut c, working_set, threads);
+    let mut ceiling = Ceiling::new(working_set, threads);
+    ceiling.bench(&mut c);
 
     let backend = memwall::default_backend();
     let mut runs = Vec::new();
     for dtype in WEIGHT_DTYPES {
         for (n, k) in SHAPES {
+            ceiling.sample_read(READ_PASSES_BETWEEN);
             runs.push(bench_gemv(&mut c, &backend, dtype, n, k, working_set));
         }
     }
+    ceiling.sample_read(READ_PASSES_BETWEEN);
     c.final_summary();
 
     println!();
+    let read = ceiling.read_rates();
+    let copy = ceiling.copy_rates();
     println!(
-        "memory ceiling ({threads} threads, median pass / best pass): read {:.1} / {:.1} GB/s, copy {:.1} / \
-         {:.1} GB/s",
-        ceiling.read.median, ceiling.read.best, ceiling.copy.median, ceiling.copy.best
+        "memory ceiling ({threads} threads): read best {:.1} GB/s, median {:.1} GB/s over {} passes; \
+         copy best {:.1} GB/s, median {:.1} GB/s over {} passes",
+        read.best, read.median, read.passes, copy.best, copy.median, copy.passes
     );
-    println!("gemv: median call over the rotation, against the median read pass (like with like)");
+    println!("gemv figures: best full rotation over the weight copies, against the best read pass");
     for run in &runs {
-        let Some(median) = median(&run.calls) else {
+        let Some(rotation) = run.best_rotation() else {
             continue;
         };
-        let achieved = peak::gb_per_s(run.bytes_per_call, median);
-        let read_peak = ceiling.read.median;
-        let pct = 100.0 * achieved / read_peak;
+        let achieved = peak::gb_per_s(run.bytes_per_call * run.copies as u64, rotation);
+        let pct = 100.0 * achieved / read.best;
         println!(
             "gemv {} {}x{}: {achieved:.1} GB/s = {pct:.1}% of measured read peak {:.1} GB/s",
             run.dtype.name(),
             run.n,
             run.k,
-            read_peak
+            read.best
         );
         if pct > 100.0 {
-            println!("  warning: above the read peak: the weights are not all coming from memory");
+            println!(
+                "  warning: above the read peak: weights from cache, or a read kernel below the ceiling"
+            );
         }
     }
     println!("bench wall time: {:.1} s", started.elapsed().as_secs_f64());
 }
 
-/// One streaming kernel's passes in step 1, in GB/s.
-struct StreamRate {
-    median: f64,
-    best: f64,
-}
+// ---------------------------------------------------------------------------------------------
+// The memory ceiling
 
-/// The memory ceiling of step 1.
+/// The streaming buffers, their pool, and every pass timed in this run.
 struct Ceiling {
-    read: StreamRate,
-    copy: StreamRate,
+    buffers: StreamBuffers,
+    pool: ThreadPool,
+    read: Vec<Duration>,
+    copy: Vec<Duration>,
 }
 
-fn bench_peak(c: &mut Criterion, working_set: u64, threads: usize) -> Ceiling {
-    let mut buffers = StreamBuffers::new(working_set).expect("allocate the peak working set");
-    let pool = peak::thread_pool(threads).expect("start the peak thread pool");
-    let mut group = c.benchmark_group("peak");
-    // One pass is tens of milliseconds: flat sampling keeps the pass count small.
-    group.sampling_mode(SamplingMode::Flat).measurement_time(Duration::from_secs(1));
-    let read = bench_stream(&mut group, &mut buffers, &pool, Kernel::Read);
-    let copy = bench_stream(&mut group, &mut buffers, &pool, Kernel::Copy);
-    group.finish();
-    Ceiling { read, copy }
+/// Summary of a kernel's passes, in GB/s.
+struct Rates {
+    best: f64,
+    median: f64,
+    passes: usize,
 }
 
-/// One streaming kernel as a criterion benchmark; returns the median and best of its passes.
+impl Ceiling {
+    fn new(working_set: u64, threads: usize) -> Self {
+        let buffers = StreamBuffers::new(working_set).expect("allocate the peak working set");
+        let pool = peak::thread_pool(threads).expect("start the peak thread pool");
+        Ceiling { buffers, pool, read: Vec::new(), copy: Vec::new() }
+    }
+
+    /// Read and copy as criterion benchmarks, every pass kept.
+    fn bench(&mut self, c: &mut Criterion) {
+        let mut group = c.benchmark_group("peak");
+        // One pass is tens of milliseconds: flat sampling keeps the pass count small.
+        group.sampling_mode(SamplingMode::Flat).measurement_time(Duration::from_secs(1));
+        bench_stream(&mut group, &mut self.buffers, &self.pool, Kernel::Read, &mut self.read);
+        bench_stream(&mut group, &mut self.buffers, &self.pool, Kernel::Copy, &mut self.copy);
+        group.finish();
+    }
+
+    /// `n` more read passes outside criterion.
+    fn sample_read(&mut self, n: usize) {
+        for _ in 0..n {
+            self.read.push(self.buffers.pass(Kernel::Read, &self.pool).expect("read pass"));
+        }
+    }
+
+    fn rates(&mut self, kernel: Kernel) -> Rates {
+        let bytes = self.buffers.bytes_per_pass(kernel);
+        let passes = if kernel == Kernel::Read { &mut self.read } else { &mut self.copy };
+        // Filtered out on the command line: measure here, the summary needs it.
+        if passes.is_empty() {
+            self.buffers.pass(kernel, &self.pool).expect("warm-up pass");
+            for _ in 0..5 {
+                passes.push(self.buffers.pass(kernel, &self.pool).expect("pass"));
+            }
+        }
+        let best = passes.iter().copied().min().unwrap_or(Duration::ZERO);
+        let median = median(passes).unwrap_or(Duration::ZERO);
+        Rates {
+            best: peak::gb_per_s(bytes, best),
+            median: peak::gb_per_s(bytes, median),
+            passes: passes.len(),
+        }
+    }
+
+    fn read_rates(&mut self) -> Rates {
+        self.rates(Kernel::Read)
+    }
+
+    fn copy_rates(&mut self) -> Rates {
+        self.rates(Kernel::Copy)
+    }
+}
+
+/// One streaming kernel as a criterion benchmark; every pass's time goes to `passes`.
 fn bench_stream(
     group: &mut BenchmarkGroup<'_, WallTime>,
     buffers: &mut StreamBuffers,
     pool: &ThreadPool,
     kernel: Kernel,
-) -> StreamRate {
-    let bytes = buffers.bytes_per_pass(kernel);
-    group.throughput(Throughput::BytesDecimal(bytes));
-    let mut passes = Vec::new();
+    passes: &mut Vec<Duration>,
+) {
+    group.throughput(Throughput::BytesDecimal(buffers.bytes_per_pass(kernel)));
     group.bench_function(format!("{kernel}/{}t", pool.current_num_threads()), |b| {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
@@ -154,15 +219,10 @@ fn bench_stream(
             total
         })
     });
-    // Filtered out on the command line: measure outside criterion, the summary needs it.
-    if passes.is_empty() {
-        buffers.pass(kernel, pool).expect("peak warm-up pass");
-        passes = (0..9).map(|_| buffers.pass(kernel, pool).expect("peak pass")).collect();
-    }
-    let median = median(&passes).expect("at least one pass");
-    let best = passes.iter().copied().min().expect("at least one pass");
-    StreamRate { median: peak::gb_per_s(bytes, median), best: peak::gb_per_s(bytes, best) }
 }
+
+// ---------------------------------------------------------------------------------------------
+// GEMV
 
 /// The rotated weights of one shape and dtype, with its input and output.
 struct GemvSetup {
@@ -184,7 +244,7 @@ fn bench_gemv<B: Backend<Storage = HostStorage>>(
     let bytes_per_call = linear_bytes(1, n, k, dtype, scale, DType::F32).expect("bytes of a llama shape");
     // What one copy of the weight occupies: its elements and its scales.
     let weight_bytes = (n * k * dtype.size()) as u64 + scale.bytes(n, k).expect("scale bytes");
-    let copies = working_set.div_ceil(weight_bytes).max(2);
+    let copies = usize::try_from(working_set.div_ceil(weight_bytes).max(2)).expect("copies fit usize");
 
     let mut group = c.benchmark_group(format!("gemv_{}", dtype.name()));
     group.throughput(Throughput::BytesDecimal(bytes_per_call));
@@ -197,7 +257,7 @@ fn bench_gemv<B: Backend<Storage = HostStorage>>(
         let s = setup.get_or_insert_with(|| {
             let start = Instant::now();
             let weights: Vec<Linear<HostStorage>> =
-                (0..copies).map(|i| random_linear(backend, dtype, n, k, 1000 + i)).collect();
+                (0..copies).map(|i| random_linear(backend, dtype, n, k, 1000 + i as u64)).collect();
             let x_values = random_unit_f32(k, 7);
             let x = backend.upload_f32(DType::F32, &[1, k], &x_values).expect("upload x");
             let mut y = backend.alloc(DType::F32, &[1, n]).expect("allocate y");
@@ -221,17 +281,20 @@ fn bench_gemv<B: Backend<Storage = HostStorage>>(
         })
     });
     group.finish();
-    if !calls.is_empty() {
+    let run = GemvRun { dtype, n, k, bytes_per_call, copies, calls };
+    if let Some(median) = median(&run.calls) {
         println!(
-            "  (rotated {copies} copies of {:.1} MB = {:.2} GB, filled in {:.1} s; {} calls timed)",
+            "  ({copies} copies of {:.1} MB = {:.2} GB rotated, filled in {:.1} s; {} calls timed, median \
+             call {:.1} GB/s)",
             weight_bytes as f64 / 1e6,
-            (copies * weight_bytes) as f64 / 1e9,
+            (copies as u64 * weight_bytes) as f64 / 1e9,
             setup_time.as_secs_f64(),
-            calls.len()
+            run.calls.len(),
+            peak::gb_per_s(bytes_per_call, median)
         );
     }
     // `setup` drops here: the next shape allocates into the memory this one frees.
-    GemvRun { dtype, n, k, bytes_per_call, calls }
+    run
 }
 
 fn median(d: &[Duration]) -> Option<Duration> {

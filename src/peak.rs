@@ -220,10 +220,14 @@ impl StreamBuffers {
             .ok_or_else(|| arg(format!("working set of {working_set_bytes} bytes is too large")))?;
         let mut storage = HostStorage::zeroed(bytes)?;
         let words = f32_words(&mut storage)?;
-        // Values in [1, 2): finite, non-zero, and the triad's `b + s * c` stays finite.
-        words.par_chunks_mut(1 << 16).enumerate().for_each(|(chunk, w)| {
+        // Values in [1, 2) with hashed mantissas: finite, non-zero, never denormal (the triad's
+        // `b + s * c` stays fast and finite), and no two pages alike, so nothing below us (page
+        // merging, compressed memory) can serve a pass from fewer bytes than it claims.
+        const CHUNK: usize = 1 << 16;
+        words.par_chunks_mut(CHUNK).enumerate().for_each(|(chunk, w)| {
             for (i, v) in w.iter_mut().enumerate() {
-                *v = 1.0 + ((chunk * 7 + i) % 1021) as f32 / 1021.0;
+                let h = mix64((chunk * CHUNK + i) as u64);
+                *v = f32::from_bits(0x3f80_0000 | (h as u32 & 0x007f_ffff));
             }
         });
         Ok(StreamBuffers { storage })
@@ -344,6 +348,14 @@ fn split<T>(s: &[T], parts: usize) -> Vec<&[T]> {
 fn split_mut<T>(s: &mut [T], parts: usize) -> Vec<&mut [T]> {
     let len = part_len(s.len(), parts);
     s.chunks_mut(len).collect()
+}
+
+/// splitmix64's finaliser: a bijective hash of the index.
+fn mix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// Wrapping sum of the words: associative, so it vectorises.
@@ -474,9 +486,12 @@ mod tests {
         for k in Kernel::ALL {
             assert_eq!(buf.bytes_per_pass(k), buf.bytes(), "{k}");
         }
-        // Filled with non-zero values.
+        // Filled with non-zero values, no two pages alike.
         let words = f32_words(&mut buf.storage).expect("words");
         assert!(words.iter().all(|&w| (1.0..2.0).contains(&w)));
+        let mut pages: Vec<&[f32]> = words.chunks(1024).collect();
+        pages.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
+        assert!(pages.windows(2).all(|p| p[0] != p[1]), "two pages alike");
     }
 
     #[test]
