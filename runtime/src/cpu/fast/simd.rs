@@ -739,7 +739,8 @@ mod tests {
 
     #[test]
     fn fp8_tables_match_the_codecs() {
-        let decoders: [(&str, fn(u8) -> f32, fn(u8) -> f32); 4] = [
+        type Decode = fn(u8) -> f32;
+        let decoders: [(&str, Decode, Decode); 4] = [
             ("e4m3fn", fp8::e4m3fn_to_f32, |c| F8E4M3Fn(c).widen()),
             ("e4m3fnuz", fp8::e4m3fnuz_to_f32, |c| F8E4M3Fnuz(c).widen()),
             ("e5m2", fp8::e5m2_to_f32, |c| F8E5M2(c).widen()),
