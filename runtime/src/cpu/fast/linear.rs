@@ -11,9 +11,10 @@
 //!   multiple of the tile), so each worker streams its own long run of weight memory.
 //! - GEMV (m = 1): a tile is `GEMV_ROWS` weight rows reduced together, each vector of x loaded
 //!   once for all of them, one accumulator per row (independent FMA chains, several streams of
-//!   cache-line misses in flight). Weights are widened
-//!   in registers by `Vector::load_elem`; fp8 loads are exact multiples `1 / POST` of the stored
-//!   value, and POST is applied with the scale after the reduction.
+//!   cache-line misses in flight). Weights are widened in registers by `Vector::load_elem`; fp8
+//!   loads are exact multiples `1 / POST` of the stored value, and POST is applied with the scale
+//!   after the reduction. For the fp8 formats whose NaN codes load as finite values, each tile
+//!   scans its rows' codes once afterwards (from cache) and makes those rows NaN.
 //! - GEMM (m > 1): an `MR x NR` tile of x rows by weight rows. x is cut into blocks of rows that
 //!   fit in L2 (`X_BLOCK_BYTES`); for each block a task walks its weight rows once, so each weight
 //!   row is read from memory once per block of x rows (once for a whole prompt of a few dozen
@@ -333,6 +334,17 @@ pub(crate) fn tile<V: Vector, W: Elem, const MR: usize, const NR: usize>(
     for q in 0..MR {
         for r in 0..NR {
             sums[q][r] = v.hsum(acc[q][r]);
+        }
+    }
+    if W::NAN_CODES {
+        // The loads widened NaN codes to finite values; a NaN weight makes its dot product NaN.
+        // The codes were just read, so this pass runs from cache.
+        for r in 0..NR {
+            if W::any_nan(&w[r][c0..c1]) {
+                for row in sums.iter_mut() {
+                    row[r] = f32::NAN;
+                }
+            }
         }
     }
     sums
