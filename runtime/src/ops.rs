@@ -522,6 +522,7 @@ pub fn check_scatter_add_rows<S: Storage>(
 ) -> Result<GatherDims> {
     let op = "scatter_add_rows";
     let dims = check_rows_pick(op, ("dst", dst), idx, ("src", src))?;
-    check_row_index(op, "weights", weights, dims.picked)?;
+    expect_dtype(op, "weights", weights.dtype(), F32_ONLY)?;
+    expect_shape(op, "weights", weights.shape(), [Some(dims.picked)])?;
     Ok(dims)
 }
