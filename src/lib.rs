@@ -7,6 +7,8 @@
 pub use memwall_model as model;
 pub use memwall_runtime as runtime;
 
+pub mod bytes;
+pub mod peak;
 pub mod wall;
 
 pub mod kernels {

@@ -81,21 +81,18 @@ pub(crate) fn kv_store(
     let slots = slots.as_slice::<u32>();
     let positions = positions.as_slice::<u32>();
     check_rows(op, d, slots, positions)?;
-    // Both caches must be writable before either is written.
-    for (cache, name) in [(&cache.k, "k_cache"), (&cache.v, "v_cache")] {
-        if cache.storage().is_read_only() {
-            return Err(Error::ReadOnly { op, tensor: name });
-        }
-    }
     let (k, v) = (k.as_slice::<f32>(), v.as_slice::<f32>());
     let (kd, vd) = (cache.k.dtype(), cache.v.dtype());
+    // Both caches are borrowed writable before either is written.
+    let KvCacheLayer { k: k_cache, v: v_cache } = cache;
     with_cache_type!(op, "k_cache", kd, K => {
-        store(d, k, cache.k.as_mut_slice::<K>(op, "k_cache")?, slots, positions);
-        Ok(())
-    })?;
-    with_cache_type!(op, "v_cache", vd, C => {
-        store(d, v, cache.v.as_mut_slice::<C>(op, "v_cache")?, slots, positions);
-        Ok(())
+        let k_cache = k_cache.as_mut_slice::<K>(op, "k_cache")?;
+        with_cache_type!(op, "v_cache", vd, C => {
+            let v_cache = v_cache.as_mut_slice::<C>(op, "v_cache")?;
+            store(d, k, k_cache, slots, positions);
+            store(d, v, v_cache, slots, positions);
+            Ok(())
+        })
     })
 }
 
@@ -310,5 +307,154 @@ fn scale_in_place<V: Vector>(v: V, y: &mut [f32], c: f32) {
     }
     for y in &mut y[l..] {
         *y *= c;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Backend;
+    use crate::cpu::Reference;
+    use crate::cpu::fast::testutil::{Rng, assert_close, backends};
+
+    const EPS32: f64 = 1.0 / (1u64 << 24) as f64;
+
+    /// Caches filled through both backends' kv_store agree byte for byte; attention agrees with
+    /// the reference within the f32 bound derived below.
+    #[allow(clippy::too_many_arguments)]
+    fn check(
+        fast: &Fast,
+        kt: DType,
+        vt: DType,
+        heads: usize,
+        kv_heads: usize,
+        hd: usize,
+        positions: &[u32],
+        slots_of: &[u32],
+        scale: f32,
+    ) {
+        let r = Reference;
+        let (n_slots, capacity) = (3, 80);
+        let rows = positions.len();
+        let mut rng = Rng::new(hd as u64 + heads as u64 * 31);
+        let mk = |b: &dyn Fn(DType) -> HostTensor| KvCacheLayer { k: b(kt), v: b(vt) };
+        let mut cache = mk(&|t| fast.alloc(t, &[n_slots, capacity, kv_heads, hd]).unwrap());
+        let mut cache_ref = mk(&|t| r.alloc(t, &[n_slots, capacity, kv_heads, hd]).unwrap());
+        // Fill every position of every slot, in several kv_store calls.
+        for slot in 0..n_slots as u32 {
+            for chunk in (0..capacity as u32).collect::<Vec<_>>().chunks(37) {
+                let n = chunk.len();
+                let k = fast.upload_f32(DType::F32, &[n, kv_heads, hd], &rng.vec(n * kv_heads * hd)).unwrap();
+                let v = fast.upload_f32(DType::F32, &[n, kv_heads, hd], &rng.vec(n * kv_heads * hd)).unwrap();
+                let s = fast.upload_u32(&[n], &vec![slot; n]).unwrap();
+                let p = fast.upload_u32(&[n], chunk).unwrap();
+                fast.kv_store(&k, &v, &mut cache, &s, &p).unwrap();
+                r.kv_store(&k, &v, &mut cache_ref, &s, &p).unwrap();
+            }
+        }
+        assert_eq!(fast.read(&cache.k).unwrap(), r.read(&cache_ref.k).unwrap());
+        assert_eq!(fast.read(&cache.v).unwrap(), r.read(&cache_ref.v).unwrap());
+
+        let qv = rng.vec(rows * heads * hd);
+        let q = fast.upload_f32(DType::F32, &[rows, heads, hd], &qv).unwrap();
+        let slots = fast.upload_u32(&[rows], slots_of).unwrap();
+        let pos = fast.upload_u32(&[rows], positions).unwrap();
+        let mut out = fast.alloc(DType::F32, &[rows, heads, hd]).unwrap();
+        let mut out_ref = r.alloc(DType::F32, &[rows, heads, hd]).unwrap();
+        fast.attention(&q, &cache, &slots, &pos, scale, &mut out).unwrap();
+        r.attention(&q, &cache, &slots, &pos, scale, &mut out_ref).unwrap();
+        let want: Vec<f64> = r.read_f32(&out_ref).unwrap().iter().map(|&v| v as f64).collect();
+
+        // Bound: each score is an f32 dot of hd terms times the scale, error
+        // ds <= (hd + 2) eps scale sum|q k|; exp(s - max) then carries a relative error of at most
+        // 2 ds + 4 eps, and summing T weighted values and the normaliser adds (T + 4) eps relative
+        // to sum p |v|. So tol = (4 max ds + (T + hd + 16) eps) sum_t p_t |v_t|, from the inputs.
+        let kc = r.read_f32(&cache_ref.k).unwrap();
+        let vc = r.read_f32(&cache_ref.v).unwrap();
+        let group = heads / kv_heads;
+        let mut tol = vec![0.0; want.len()];
+        for row in 0..rows {
+            let (slot, t_len) = (slots_of[row] as usize, positions[row] as usize + 1);
+            for h in 0..heads {
+                let g = h / group;
+                let at = |t: usize| ((slot * capacity + t) * kv_heads + g) * hd;
+                let qh = &qv[(row * heads + h) * hd..][..hd];
+                let scores: Vec<f64> = (0..t_len)
+                    .map(|t| scale as f64 * (0..hd).map(|e| qh[e] as f64 * kc[at(t) + e] as f64).sum::<f64>())
+                    .collect();
+                let ds = (0..t_len)
+                    .map(|t| {
+                        (hd as f64 + 2.0)
+                            * EPS32
+                            * scale as f64
+                            * (0..hd).map(|e| (qh[e] * kc[at(t) + e]).abs() as f64).sum::<f64>()
+                    })
+                    .fold(0.0, f64::max);
+                let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let total: f64 = scores.iter().map(|s| (s - max).exp()).sum();
+                for e in 0..hd {
+                    let mag: f64 = (0..t_len)
+                        .map(|t| (scores[t] - max).exp() / total * (vc[at(t) + e] as f64).abs())
+                        .sum();
+                    tol[(row * heads + h) * hd + e] =
+                        (4.0 * ds + (t_len + hd + 16) as f64 * EPS32) * mag + 1e-30;
+                }
+            }
+        }
+        let what = format!("attention {} k={kt} v={vt} heads {heads}/{kv_heads} hd {hd}", fast.simd());
+        assert_close(&what, &fast.read_f32(&out).unwrap(), &want, &tol);
+    }
+
+    #[test]
+    fn attention_matches_reference() {
+        for fast in backends() {
+            for kt in [DType::F32, DType::BF16, DType::F16] {
+                for vt in [DType::F32, DType::BF16, DType::F16] {
+                    check(&fast, kt, vt, 4, 2, 17, &[0, 31, 32, 79], &[0, 1, 2, 1], 0.25);
+                }
+            }
+            for (heads, kv_heads, hd) in [(1, 1, 1), (3, 1, 3), (8, 8, 16), (6, 2, 64), (2, 1, 130)] {
+                check(
+                    &fast,
+                    DType::BF16,
+                    DType::BF16,
+                    heads,
+                    kv_heads,
+                    hd,
+                    &[5, 0, 64, 33, 79],
+                    &[2, 0, 0, 1, 2],
+                    0.125,
+                );
+            }
+            // A peaked softmax.
+            check(&fast, DType::F32, DType::F16, 2, 1, 8, &[79, 40], &[0, 2], 30.0);
+        }
+    }
+
+    #[test]
+    fn range_errors_write_nothing() {
+        let fast = Fast::with_threads(2).unwrap();
+        let (slots, capacity, kvh, hd) = (2, 4, 1, 8);
+        let mut cache = KvCacheLayer {
+            k: fast.alloc(DType::BF16, &[slots, capacity, kvh, hd]).unwrap(),
+            v: fast.alloc(DType::F32, &[slots, capacity, kvh, hd]).unwrap(),
+        };
+        let k = fast.upload_f32(DType::F32, &[2, kvh, hd], &[0.5; 16]).unwrap();
+        let slot_err = |op| Error::SlotOutOfRange { op, row: 1, slot: 2, slots };
+        let pos_err = |op| Error::ContextOverflow { op, row: 0, pos: 4, capacity };
+        let cases = [
+            ([0, 2], [0, 0], slot_err("kv_store"), slot_err("attention")),
+            ([1, 0], [4, 0], pos_err("kv_store"), pos_err("attention")),
+        ];
+        for (s, p, store_err, attn_err) in cases {
+            let (s, p) = (fast.upload_u32(&[2], &s).unwrap(), fast.upload_u32(&[2], &p).unwrap());
+            assert_eq!(fast.kv_store(&k, &k, &mut cache, &s, &p).unwrap_err(), store_err);
+            assert!(fast.read(&cache.k).unwrap().iter().all(|&b| b == 0));
+            assert!(fast.read(&cache.v).unwrap().iter().all(|&b| b == 0));
+            let q = fast.upload_f32(DType::F32, &[2, 1, hd], &[0.5; 16]).unwrap();
+            let mut out = fast.upload_f32(DType::F32, &[2, 1, hd], &[7.0; 16]).unwrap();
+            assert_eq!(fast.attention(&q, &cache, &s, &p, 1.0, &mut out).unwrap_err(), attn_err);
+            assert!(fast.read_f32(&out).unwrap().iter().all(|&v| v == 7.0));
+        }
     }
 }

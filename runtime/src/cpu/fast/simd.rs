@@ -13,10 +13,15 @@
 //!   - f16: `vcvtph2ps`.
 //!   - e5m2: the top byte of an f16 with the same bias, infinities and NaNs (shift left 8).
 //!   - e4m3fn / e4m3fnuz: `S EEEE MMM` placed as `S 0EEEE MMM0000000`, an f16 whose value is the
-//!     fp8 value times 2^-8 (fn, bias 7) or 2^-7 (fnuz, bias 8), subnormals included; the NaN
-//!     codes (S.1111.111, resp. 0x80) are patched to an f16 NaN with a compare and a blend.
+//!     fp8 value times 2^-8 (fn, bias 7) or 2^-7 (fnuz, bias 8), subnormals included.
 //!   - e5m2fnuz: `S EEEEE MM` placed as the f32 `S 000EEEEE MM0...`, times 2^111 in the loop (its
-//!     exponent range does not fit f16; the product is exact), NaN code 0x80 patched.
+//!     exponent range does not fit f16; the product is exact).
+//!
+//!   These three have NaN codes (S.1111.111, resp. 0x80) that the vector loads widen to finite
+//!   values (±1.875 * 2^-8, resp. -0): patching them per element cost a quarter of the fp8 loop.
+//!   Instead `Elem::NAN_CODES` is set and a caller that reduces rows scans each row's codes once
+//!   with `Elem::any_nan` (a byte fold the compiler vectorises) and makes that row's result NaN,
+//!   which is what a NaN weight does to a dot product.
 //!
 //! The x86 token types can only be made after runtime feature detection, so their methods may
 //! call the intrinsics: a token's existence proves the CPU has the features. A kernel is a
@@ -172,6 +177,15 @@ pub(crate) trait Elem: Float {
     fn widen_raw(self) -> f32 {
         self.widen() * (1.0 / Self::POST)
     }
+    /// Whether the vector loads may widen NaN codes to finite values; then callers must check
+    /// [`Elem::any_nan`].
+    const NAN_CODES: bool = false;
+    /// Whether `codes` holds a NaN code (always false for types without `NAN_CODES`).
+    #[inline(always)]
+    fn any_nan(codes: &[Self]) -> bool {
+        let _ = codes;
+        false
+    }
     /// 16 elements, divided by `POST`.
     /// # Safety
     /// `p .. p + 16` must be readable.
@@ -292,21 +306,35 @@ impl Elem for f16 {
 }
 
 macro_rules! fp8_elem {
-    ($t:ty, $table:ident, $post:expr) => {
+    ($t:ty, $table:ident, $post:expr $(, nan: |$c:ident| $fold:expr)?) => {
         impl Elem for $t {
             const POST: f32 = $post;
             #[inline(always)]
             fn widen(self) -> f32 {
                 f32::from_bits($table[self.0 as usize])
             }
+            $(
+            const NAN_CODES: bool = true;
+            #[inline(always)]
+            fn any_nan(codes: &[Self]) -> bool {
+                // A branch-free fold (no early exit), so it vectorises to byte ops.
+                codes.iter().fold(0u8, |acc, code| {
+                    let $c = code.0;
+                    acc | $fold
+                }) != 0
+            }
+            )?
             elem_loads!($t);
         }
     };
 }
-fp8_elem!(F8E4M3Fn, E4M3FN_BITS, 256.0);
-fp8_elem!(F8E4M3Fnuz, E4M3FNUZ_BITS, 128.0);
+// NaN = S.1111.111: the low seven bits all set.
+fp8_elem!(F8E4M3Fn, E4M3FN_BITS, 256.0, nan: |c| ((c & 0x7f) == 0x7f) as u8);
+// NaN = 0x80 (the code negative zero would have).
+fp8_elem!(F8E4M3Fnuz, E4M3FNUZ_BITS, 128.0, nan: |c| (c == 0x80) as u8);
+// Widened exactly, NaN and infinities included (the top byte of an f16).
 fp8_elem!(F8E5M2, E5M2_BITS, 1.0);
-fp8_elem!(F8E5M2Fnuz, E5M2FNUZ_BITS, 1.0);
+fp8_elem!(F8E5M2Fnuz, E5M2FNUZ_BITS, 1.0, nan: |c| (c == 0x80) as u8);
 
 // ---------------------------------------------------------------------------------------------
 // Portable
@@ -520,12 +548,6 @@ mod x86 {
     /// The widening loads of element type `T` (namespaced so each type's pair reads together).
     pub(super) struct Load<T>(PhantomData<T>);
 
-    /// The f16 NaN the fp8 NaN codes are patched to.
-    const F16_NAN: i16 = 0x7e00;
-    /// e4m3 magnitude bits `0 0EEEE MMM 0000000` in an f16 built by the shift below.
-    const E4M3_MAG: i16 = 0x3f80;
-    /// 0x80 (the fnuz NaN) after the e4m3 bit placement: -0.
-    const E4M3FNUZ_NAN_BITS: i16 = 0x8000u16 as i16;
     /// Clears bit 14, the second copy of the sign the sign-extending widen leaves.
     const CLEAR_BIT14: i16 = 0xbfffu16 as i16;
     /// 2^111: an e5m2fnuz code placed in the low exponent bits of an f32 is 2^-111 of itself.
@@ -599,55 +621,29 @@ mod x86 {
         }
     }
 
-    /// Lanes of `h` where `is_nan` is all ones become an f16 NaN.
-    #[inline(always)]
-    fn patch_f16_nan_x8(_: Avx2, h: __m128i, is_nan: __m128i) -> __m128i {
-        // SAFETY: the token proves AVX2.
-        unsafe { _mm_or_si128(h, _mm_and_si128(is_nan, _mm_set1_epi16(F16_NAN))) }
-    }
-
     impl Load<F8E4M3Fn> {
         #[inline(always)]
         pub(super) unsafe fn avx512(v: Avx512, p: *const F8E4M3Fn) -> __m512 {
-            // SAFETY: the token proves AVX-512F/BW/VL; the caller guarantees 16 readable bytes.
-            unsafe {
-                let h = e4m3_f16_bits_x16(v, _mm_loadu_si128(p.cast()));
-                // NaN: S.1111.111, the magnitude bits all set.
-                let mag = _mm256_set1_epi16(E4M3_MAG);
-                let nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(h, mag), mag);
-                _mm512_cvtph_ps(_mm256_mask_mov_epi16(h, nan, _mm256_set1_epi16(F16_NAN)))
-            }
+            // SAFETY: the token proves AVX-512F/AVX2; the caller guarantees 16 readable bytes.
+            unsafe { _mm512_cvtph_ps(e4m3_f16_bits_x16(v, _mm_loadu_si128(p.cast()))) }
         }
         #[inline(always)]
         pub(super) unsafe fn avx2(v: Avx2, p: *const F8E4M3Fn) -> __m256 {
             // SAFETY: the token proves AVX2/F16C; the caller guarantees 8 readable bytes.
-            unsafe {
-                let h = e4m3_f16_bits_x8(v, _mm_loadl_epi64(p.cast()));
-                let mag = _mm_set1_epi16(E4M3_MAG);
-                let nan = _mm_cmpeq_epi16(_mm_and_si128(h, mag), mag);
-                _mm256_cvtph_ps(patch_f16_nan_x8(v, h, nan))
-            }
+            unsafe { _mm256_cvtph_ps(e4m3_f16_bits_x8(v, _mm_loadl_epi64(p.cast()))) }
         }
     }
 
     impl Load<F8E4M3Fnuz> {
         #[inline(always)]
         pub(super) unsafe fn avx512(v: Avx512, p: *const F8E4M3Fnuz) -> __m512 {
-            // SAFETY: the token proves AVX-512F/BW/VL; the caller guarantees 16 readable bytes.
-            unsafe {
-                let h = e4m3_f16_bits_x16(v, _mm_loadu_si128(p.cast()));
-                let nan = _mm256_cmpeq_epi16_mask(h, _mm256_set1_epi16(E4M3FNUZ_NAN_BITS));
-                _mm512_cvtph_ps(_mm256_mask_mov_epi16(h, nan, _mm256_set1_epi16(F16_NAN)))
-            }
+            // SAFETY: the token proves AVX-512F/AVX2; the caller guarantees 16 readable bytes.
+            unsafe { _mm512_cvtph_ps(e4m3_f16_bits_x16(v, _mm_loadu_si128(p.cast()))) }
         }
         #[inline(always)]
         pub(super) unsafe fn avx2(v: Avx2, p: *const F8E4M3Fnuz) -> __m256 {
             // SAFETY: the token proves AVX2/F16C; the caller guarantees 8 readable bytes.
-            unsafe {
-                let h = e4m3_f16_bits_x8(v, _mm_loadl_epi64(p.cast()));
-                let nan = _mm_cmpeq_epi16(h, _mm_set1_epi16(E4M3FNUZ_NAN_BITS));
-                _mm256_cvtph_ps(patch_f16_nan_x8(v, h, nan))
-            }
+            unsafe { _mm256_cvtph_ps(e4m3_f16_bits_x8(v, _mm_loadl_epi64(p.cast()))) }
         }
     }
 
@@ -673,26 +669,20 @@ mod x86 {
     impl Load<F8E5M2Fnuz> {
         #[inline(always)]
         pub(super) unsafe fn avx512(_: Avx512, p: *const F8E5M2Fnuz) -> __m512 {
-            // SAFETY: the token proves AVX-512F/BW/VL; the caller guarantees 16 readable bytes.
+            // SAFETY: the token proves AVX-512F; the caller guarantees 16 readable bytes.
             unsafe {
-                let b = _mm_loadu_si128(p.cast());
-                let i = _mm512_slli_epi32::<21>(_mm512_cvtepi8_epi32(b));
+                let i = _mm512_slli_epi32::<21>(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.cast())));
                 let f = _mm512_castsi512_ps(_mm512_and_si512(i, _mm512_set1_epi32(E5M2FNUZ_MASK)));
-                let f = _mm512_mul_ps(f, _mm512_set1_ps(E5M2FNUZ_FOLD));
-                let nan = _mm_cmpeq_epi8_mask(b, _mm_set1_epi8(0x80u8 as i8));
-                _mm512_mask_mov_ps(f, nan, _mm512_set1_ps(f32::NAN))
+                _mm512_mul_ps(f, _mm512_set1_ps(E5M2FNUZ_FOLD))
             }
         }
         #[inline(always)]
         pub(super) unsafe fn avx2(_: Avx2, p: *const F8E5M2Fnuz) -> __m256 {
             // SAFETY: the token proves AVX2; the caller guarantees 8 readable bytes.
             unsafe {
-                let s = _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast()));
-                let i = _mm256_slli_epi32::<21>(s);
+                let i = _mm256_slli_epi32::<21>(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast())));
                 let f = _mm256_castsi256_ps(_mm256_and_si256(i, _mm256_set1_epi32(E5M2FNUZ_MASK)));
-                let f = _mm256_mul_ps(f, _mm256_set1_ps(E5M2FNUZ_FOLD));
-                let nan = _mm256_castsi256_ps(_mm256_cmpeq_epi32(s, _mm256_set1_epi32(-128)));
-                _mm256_blendv_ps(f, _mm256_set1_ps(f32::NAN), nan)
+                _mm256_mul_ps(f, _mm256_set1_ps(E5M2FNUZ_FOLD))
             }
         }
     }
@@ -725,21 +715,50 @@ mod tests {
         (a.is_nan() && b.is_nan()) || a.to_bits() == b.to_bits()
     }
 
-    /// Every vector load of `codes` equals the exact widening divided by POST, bit for bit.
+    /// Every vector load of `codes` equals the exact widening divided by POST, bit for bit;
+    /// except that a NaN code of a `NAN_CODES` type may load as anything, and then `any_nan` must
+    /// see it.
     fn check_vector_widening<W: Elem>(codes: &[W]) {
         for simd in Simd::available() {
             let mut out = vec![0.0f32; codes.len()];
             simd.run(WidenAll { src: codes, dst: &mut out });
             for (c, &o) in codes.iter().zip(&out) {
                 let want = c.widen() / W::POST;
+                if W::NAN_CODES && want.is_nan() {
+                    assert!(W::any_nan(std::slice::from_ref(c)), "{c:?} is NaN but any_nan misses it");
+                    continue;
+                }
                 assert!(same(o, want), "{} {:?}: vector {o} vs scalar {want}", simd.name(), c);
             }
         }
     }
 
     #[test]
+    fn any_nan_finds_exactly_the_nan_codes() {
+        fn each<W: Elem>(make: fn(u8) -> W) {
+            for c in 0..=255u8 {
+                let w = make(c);
+                assert_eq!(W::any_nan(&[w]), W::NAN_CODES && w.widen().is_nan(), "{w:?}");
+                // In a long run, at every position (the vectorised fold and its tail).
+                let mut run = vec![make(0x11); 131];
+                for at in [0, 63, 64, 130] {
+                    run[at] = w;
+                    assert_eq!(W::any_nan(&run), W::NAN_CODES && w.widen().is_nan(), "{w:?} at {at}");
+                    run[at] = make(0x11);
+                }
+            }
+        }
+        each(F8E4M3Fn);
+        each(F8E4M3Fnuz);
+        each(F8E5M2);
+        each(F8E5M2Fnuz);
+        assert!(!f32::any_nan(&[f32::NAN]) && !f32::NAN_CODES, "f32 loads carry their own NaN");
+    }
+
+    #[test]
     fn fp8_tables_match_the_codecs() {
-        let decoders: [(&str, fn(u8) -> f32, fn(u8) -> f32); 4] = [
+        type Decode = fn(u8) -> f32;
+        let decoders: [(&str, Decode, Decode); 4] = [
             ("e4m3fn", fp8::e4m3fn_to_f32, |c| F8E4M3Fn(c).widen()),
             ("e4m3fnuz", fp8::e4m3fnuz_to_f32, |c| F8E4M3Fnuz(c).widen()),
             ("e5m2", fp8::e5m2_to_f32, |c| F8E5M2(c).widen()),

@@ -1,0 +1,5 @@
+//! The subcommands of `memwall`, one module each.
+
+pub mod peak;
+pub mod run;
+pub mod wall;
