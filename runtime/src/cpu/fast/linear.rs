@@ -34,9 +34,11 @@ use crate::ops::{GatherDims, Linear, LinearDims, WeightScale};
 use crate::{DType, Error, Float, HostStorage, HostTensor, Result, with_float_type};
 
 /// Weight rows a GEMV tile reduces together, sharing each load of x. Measured on the AMD EPYC
-/// (Zen 4) dev machine, one core, bf16 at k = 4096: 1 row ~14 GB/s, 4 rows ~18, 8 rows ~22 of a
-/// 27 GB/s single-stream read: more rows keep more cache-line misses in flight. Software
-/// prefetch did not help.
+/// (Zen 4) dev machine, one core, bf16 at k = 4096: 1 row ~14 GB/s, 4 rows ~18, 8 rows ~22-24
+/// of a 27-30 GB/s single-stream read (12 rows: no better): more rows keep more cache-line misses
+/// in flight. Software prefetch (T0 or T1, 0.5-4 KiB ahead) and walking the rows in longer
+/// bursts did not help. With two cores each needs only half the bandwidth, and the GEMV reaches
+/// 92-98% of the two-core read when the host gives the VM ~35 GB/s.
 pub(crate) const GEMV_ROWS: usize = 8;
 /// Weight rows of a GEMM tile.
 const GEMM_W_ROWS: usize = 4;
