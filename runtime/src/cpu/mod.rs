@@ -7,6 +7,7 @@ mod reference;
 pub use fast::Fast;
 pub use reference::Reference;
 
+use crate::ops::AttnDims;
 use crate::{Error, HostStorage, Result, Storage};
 
 pub(crate) fn host_alloc(bytes: usize) -> Result<HostStorage> {
@@ -29,5 +30,25 @@ pub(crate) fn host_read(src: &HostStorage, out: &mut [u8]) -> Result<()> {
         return Err(Error::OutOfBounds { what: "read".into(), offset: 0, len: out.len(), size: s.len() });
     }
     out.copy_from_slice(s);
+    Ok(())
+}
+
+/// `SlotOutOfRange` or `ContextOverflow` for the first row whose `(slot, position)` lies outside
+/// the cache: the data-dependent check of `kv_store` and `attention`, made before anything is
+/// written.
+pub(crate) fn check_cache_rows(
+    op: &'static str,
+    d: AttnDims,
+    slots: &[u32],
+    positions: &[u32],
+) -> Result<()> {
+    for (row, (&slot, &pos)) in slots.iter().zip(positions).enumerate() {
+        if slot as usize >= d.slots {
+            return Err(Error::SlotOutOfRange { op, row, slot, slots: d.slots });
+        }
+        if pos as usize >= d.capacity {
+            return Err(Error::ContextOverflow { op, row, pos, capacity: d.capacity });
+        }
+    }
     Ok(())
 }

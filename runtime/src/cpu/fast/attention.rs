@@ -50,19 +50,6 @@ macro_rules! with_cache_type {
     };
 }
 
-/// Every row's slot and position must lie inside the cache.
-fn check_rows(op: &'static str, d: AttnDims, slots: &[u32], positions: &[u32]) -> Result<()> {
-    for (row, (&slot, &pos)) in slots.iter().zip(positions).enumerate() {
-        if slot as usize >= d.slots {
-            return Err(Error::SlotOutOfRange { op, row, slot, slots: d.slots });
-        }
-        if pos as usize >= d.capacity {
-            return Err(Error::ContextOverflow { op, row, pos, capacity: d.capacity });
-        }
-    }
-    Ok(())
-}
-
 /// Offset of `cache[slot, pos, kv_head, 0]`.
 #[inline(always)]
 fn cache_at(d: AttnDims, slot: usize, pos: usize, kv_head: usize) -> usize {
@@ -80,7 +67,7 @@ pub(crate) fn kv_store(
     let op = "kv_store";
     let slots = slots.as_slice::<u32>();
     let positions = positions.as_slice::<u32>();
-    check_rows(op, d, slots, positions)?;
+    crate::cpu::check_cache_rows(op, d, slots, positions)?;
     let (k, v) = (k.as_slice::<f32>(), v.as_slice::<f32>());
     let (kd, vd) = (cache.k.dtype(), cache.v.dtype());
     // Both caches are borrowed writable before either is written.
@@ -122,7 +109,7 @@ pub(crate) fn attention(
     let op = "attention";
     let slots = slots.as_slice::<u32>();
     let positions = positions.as_slice::<u32>();
-    check_rows(op, d, slots, positions)?;
+    crate::cpu::check_cache_rows(op, d, slots, positions)?;
     let q = q.as_slice::<f32>();
     let out = out.as_mut_slice::<f32>(op, "out")?;
     with_cache_type!(op, "k_cache", cache.k.dtype(), K => {

@@ -11,21 +11,7 @@
 
 use super::values::{ensure_writable, floats, indices, store, store_at, widen};
 use crate::ops::{AttnDims, KvCacheLayer};
-use crate::{Error, HostStorage, HostTensor, Result};
-
-/// `SlotOutOfRange` or `ContextOverflow` for the first row whose `(slot, position)` lies outside
-/// the cache.
-fn check_cache_rows(op: &'static str, d: AttnDims, slots: &[u32], positions: &[u32]) -> Result<()> {
-    for (row, (&slot, &pos)) in slots.iter().zip(positions).enumerate() {
-        if slot as usize >= d.slots {
-            return Err(Error::SlotOutOfRange { op, row, slot, slots: d.slots });
-        }
-        if pos as usize >= d.capacity {
-            return Err(Error::ContextOverflow { op, row, pos, capacity: d.capacity });
-        }
-    }
-    Ok(())
-}
+use crate::{HostStorage, HostTensor, Result};
 
 /// `cache.k[slots[r]][positions[r]] = k[r]` and the same for v, converted to the cache dtype.
 pub(super) fn kv_store(
@@ -39,7 +25,7 @@ pub(super) fn kv_store(
     let op = "kv_store";
     let slots = indices(op, "slots", slots)?;
     let positions = indices(op, "positions", positions)?;
-    check_cache_rows(op, d, slots, positions)?;
+    crate::cpu::check_cache_rows(op, d, slots, positions)?;
     ensure_writable(op, "k_cache", &cache.k)?;
     ensure_writable(op, "v_cache", &cache.v)?;
     let k = widen(op, "k", k)?;
@@ -67,7 +53,7 @@ pub(super) fn attention(
     let op = "attention";
     let slots = indices(op, "slots", slots)?;
     let positions = indices(op, "positions", positions)?;
-    check_cache_rows(op, d, slots, positions)?;
+    crate::cpu::check_cache_rows(op, d, slots, positions)?;
     let q = widen(op, "q", q)?;
     let k_cache = floats(op, "k_cache", &cache.k)?;
     let v_cache = floats(op, "v_cache", &cache.v)?;
