@@ -979,7 +979,8 @@ fn argmax_and_greedy_sample_edge_rows() {
     let mut o = poisoned(r, DType::U32, &[rows.len()]);
     REF.argmax(&logits, &mut o).unwrap_or_else(|e| panic!("reference argmax: {e}"));
     run("argmax edge rows: reference", &o);
-    REF.sample(&logits, &SamplingParams::GREEDY, 1, 2, &mut o)
+    let (seeds, steps) = (upload_u32(r, &[8], &[1; 8]), upload_u32(r, &[8], &[2; 8]));
+    REF.sample(&logits, &SamplingParams::GREEDY, &seeds, &steps, &mut o)
         .unwrap_or_else(|e| panic!("reference sample: {e}"));
     run("greedy sample edge rows: reference", &o);
     for (name, f) in fasts() {
@@ -987,7 +988,7 @@ fn argmax_and_greedy_sample_edge_rows() {
         f.argmax(&logits, &mut o).unwrap_or_else(|e| panic!("fast {name} argmax: {e}"));
         run(&format!("argmax edge rows: fast {name}"), &o);
         let mut o = poisoned(r, DType::U32, &[rows.len()]);
-        f.sample(&logits, &SamplingParams::GREEDY, 1, 2, &mut o)
+        f.sample(&logits, &SamplingParams::GREEDY, &seeds, &steps, &mut o)
             .unwrap_or_else(|e| panic!("fast {name} sample: {e}"));
         run(&format!("greedy sample edge rows: fast {name}"), &o);
     }
@@ -1084,21 +1085,29 @@ proptest! {
             }
         }
         let logits = upload(r, DType::F32, &[rows, vocab], &lv);
+        // One stream per row: each row its own seed and step (two rows may share a seed, as the
+        // sequences of one request do, and still draw apart through their steps).
+        let row_seeds: Vec<u32> = (0..rows).map(|r| (seed as u32).wrapping_add((r / 2) as u32)).collect();
+        let row_steps: Vec<u32> = (0..rows).map(|r| step as u32 + 3 * r as u32).collect();
+        let (seeds, steps) = (upload_u32(r, &[rows], &row_seeds), upload_u32(r, &[rows], &row_steps));
         let mut outs = vec![poisoned(r, DType::U32, &[rows])];
         let mut names = vec!["reference".to_string()];
-        REF.sample(&logits, &params, seed, step, &mut outs[0]).unwrap_or_else(|e| panic!("reference sample: {e}"));
+        REF.sample(&logits, &params, &seeds, &steps, &mut outs[0])
+            .unwrap_or_else(|e| panic!("reference sample: {e}"));
         for (name, f) in fasts() {
             let mut o = poisoned(r, DType::U32, &[rows]);
-            f.sample(&logits, &params, seed, step, &mut o).unwrap_or_else(|e| panic!("fast {name} sample: {e}"));
+            f.sample(&logits, &params, &seeds, &steps, &mut o)
+                .unwrap_or_else(|e| panic!("fast {name} sample: {e}"));
             outs.push(o);
             names.push(format!("fast {name}"));
         }
         let outs: Vec<Vec<u32>> = outs.iter().map(|o| read_u32(r, o)).collect();
         for row in 0..rows {
-            let u = sample_uniform(seed, step, row as u64);
+            let (row_seed, row_step) = (row_seeds[row], row_steps[row]);
+            let u = sample_uniform(u64::from(row_seed), u64::from(row_step), 0);
             let what = format!(
-                "sample row {row} of {rows}x{vocab} {params:?} offset {offset} specials {specials} seed {seed} \
-                 step {step} u {u}"
+                "sample row {row} of {rows}x{vocab} {params:?} offset {offset} specials {specials} seed \
+                 {row_seed} step {row_step} u {u}"
             );
             // Rows whose u (or top-p) sits on a boundary within the f32 margin are only checked
             // to hold a token.

@@ -223,13 +223,52 @@ fn memory_errors(b: &impl HostBackend) {
     expect(b, "read_f32 of u32", b.read_f32(&ids), argument("read_f32", "u32 is not a float type"));
     let f = z(b, DType::F32, &[2]);
     expect(b, "read_u32 of f32", b.read_u32(&f), dtype("read_u32", "src", DType::F32, U32S));
-    // exec_write / exec_read with the wrong length (the kernels check too).
+    // exec_write / exec_read beyond the storage (the kernels check too). Shorter is a prefix: a
+    // tensor whose rows were reduced (`set_rows`) uses the start of its storage only.
     let mut s = HostStorage::zeroed(8).expect("8 bytes");
     expect(
         b,
-        "exec_write 7 bytes",
-        b.exec_write(&mut s, &[0; 7]),
-        Error::OutOfBounds { what: "write".into(), offset: 0, len: 7, size: 8 },
+        "exec_write 9 bytes",
+        b.exec_write(&mut s, &[0; 9]),
+        Error::OutOfBounds { what: "write".into(), offset: 0, len: 9, size: 8 },
+    );
+    b.exec_write(&mut s, &[7; 7]).unwrap_or_else(|e| panic!("{}: exec_write 7 of 8 bytes: {e}", b.name()));
+    assert_eq!(s.bytes(), [7, 7, 7, 7, 7, 7, 7, 0], "{}: exec_write of a prefix", b.name());
+    let mut head = [0u8; 3];
+    b.exec_read(&s, &mut head).unwrap_or_else(|e| panic!("{}: exec_read 3 of 8 bytes: {e}", b.name()));
+    assert_eq!(head, [7, 7, 7], "{}: exec_read of a prefix", b.name());
+
+    // Rows: at most what the storage holds; reshape keeps the current element count.
+    let mut t = z(b, DType::F32, &[4, 3]);
+    t.set_rows(2).unwrap_or_else(|e| panic!("{}: set_rows 2 of 4: {e}", b.name()));
+    assert_eq!((t.shape(), t.nbytes(), t.max_rows()), (&[2, 3][..], 24, 4), "{}: set_rows", b.name());
+    expect(
+        b,
+        "set_rows 5 of 4",
+        t.set_rows(5),
+        argument("set_rows", "5 rows of [3] beyond the 4 its storage holds"),
+    );
+    expect(
+        b,
+        "reshape [2, 3] of 4 rows -> [12]",
+        z(b, DType::F32, &[4, 3]).reshape(&[4, 3]).and_then(|mut t| {
+            t.set_rows(2)?;
+            t.reshape(&[12])
+        }),
+        Error::ByteLength { dtype: DType::F32, shape: vec![12], expected: 48, got: 24 },
+    );
+    let t = z(b, DType::F32, &[4, 3]).reshape(&[4, 3]).and_then(|mut t| {
+        t.set_rows(2)?;
+        t.reshape(&[2, 1, 3])
+    });
+    let t = t.unwrap_or_else(|e| panic!("{}: reshape of reduced rows: {e}", b.name()));
+    assert_eq!((t.shape(), t.max_rows()), (&[2, 1, 3][..], 4), "{}: reshape keeps the storage", b.name());
+    let mut scalar = z(b, DType::F32, &[]);
+    expect(
+        b,
+        "set_rows of a scalar",
+        scalar.set_rows(1),
+        argument("set_rows", "a rank-0 tensor has no rows"),
     );
     let mut out = [0u8; 9];
     expect(
@@ -1035,9 +1074,10 @@ fn pick_errors(b: &impl HostBackend) {
     let logits = z(b, DType::F32, &[rows, vocab]);
     let mut out = z(b, DType::U32, &[rows]);
     let p = SamplingParams { temperature: 0.7, top_k: 5, top_p: 0.9 };
+    let (seeds, steps) = (upload_u32(b, &[rows], &[1, 1]), upload_u32(b, &[rows], &[2, 3]));
     for op in ["argmax", "sample"] {
         let run = |l: &HostTensor, o: &mut HostTensor| -> R<()> {
-            if op == "argmax" { b.argmax(l, o) } else { b.sample(l, &p, 1, 2, o) }
+            if op == "argmax" { b.argmax(l, o) } else { b.sample(l, &p, &seeds, &steps, o) }
         };
         expect(
             b,
@@ -1070,6 +1110,37 @@ fn pick_errors(b: &impl HostBackend) {
             shape(op, "out", &[rows + 1], &format!("[{rows}]")),
         );
     }
+    // Sampling's per-row seeds and steps: u32, one per row of the logits.
+    let op = "sample";
+    let mut out = poisoned(b, DType::U32, &[rows]);
+    for (name, other) in [("seeds", &steps), ("steps", &seeds)] {
+        let run = |t: &HostTensor, out: &mut HostTensor| -> R<()> {
+            if name == "seeds" {
+                b.sample(&logits, &p, t, other, out)
+            } else {
+                b.sample(&logits, &p, other, t, out)
+            }
+        };
+        expect(
+            b,
+            "f32 seeds/steps",
+            run(&z(b, DType::F32, &[rows]), &mut out),
+            dtype(op, name, DType::F32, U32S),
+        );
+        expect(
+            b,
+            "seeds/steps length",
+            run(&z(b, DType::U32, &[rows + 1]), &mut out),
+            shape(op, name, &[rows + 1], &format!("[{rows}]")),
+        );
+        expect(
+            b,
+            "rank-2 seeds/steps",
+            run(&z(b, DType::U32, &[rows, 1]), &mut out),
+            shape(op, name, &[rows, 1], &format!("[{rows}]")),
+        );
+    }
+    assert_poisoned(b, "sample with bad seeds or steps", &out);
 }
 
 fn vocabulary_beyond_u32(b: &impl HostBackend) {
@@ -1083,7 +1154,13 @@ fn vocabulary_beyond_u32(b: &impl HostBackend) {
     let mut out = poisoned(b, DType::U32, &[1]);
     let want = |op| shape(op, "logits", &[1, vocab], "a vocabulary that fits u32");
     expect(b, "argmax over 2^32", b.argmax(&logits, &mut out), want("argmax"));
-    expect(b, "sample over 2^32", b.sample(&logits, &SamplingParams::GREEDY, 0, 0, &mut out), want("sample"));
+    let (seeds, steps) = (upload_u32(b, &[1], &[0]), upload_u32(b, &[1], &[0]));
+    expect(
+        b,
+        "sample over 2^32",
+        b.sample(&logits, &SamplingParams::GREEDY, &seeds, &steps, &mut out),
+        want("sample"),
+    );
     assert_poisoned(b, "vocabulary beyond u32", &out);
 }
 
@@ -1091,12 +1168,13 @@ fn sample_param_errors(b: &impl HostBackend) {
     let op = "sample";
     let logits = z(b, DType::F32, &[1, 4]);
     let mut out = poisoned(b, DType::U32, &[1]);
+    let (seeds, steps) = (upload_u32(b, &[1], &[0]), upload_u32(b, &[1], &[0]));
     for t in [-0.5f32, f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
         let p = SamplingParams { temperature: t, top_k: 0, top_p: 1.0 };
         expect(
             b,
             "bad temperature",
-            b.sample(&logits, &p, 0, 0, &mut out),
+            b.sample(&logits, &p, &seeds, &steps, &mut out),
             argument(op, format!("temperature {t} must be finite and >= 0")),
         );
     }
@@ -1105,7 +1183,7 @@ fn sample_param_errors(b: &impl HostBackend) {
         expect(
             b,
             "bad top_p",
-            b.sample(&logits, &p, 0, 0, &mut out),
+            b.sample(&logits, &p, &seeds, &steps, &mut out),
             argument(op, format!("top_p {top_p} must be in (0, 1]")),
         );
     }
@@ -1331,10 +1409,11 @@ fn read_only_outputs(b: &impl HostBackend) {
         ro("argmax", "out"),
     );
     let p = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0 };
+    let (seeds, steps) = (upload_u32(b, &[2], &[0, 0]), upload_u32(b, &[2], &[0, 1]));
     expect(
         b,
         "sample into a mapping",
-        b.sample(&logits, &p, 0, 0, &mut mapped_poison(DType::U32, &[2])),
+        b.sample(&logits, &p, &seeds, &steps, &mut mapped_poison(DType::U32, &[2])),
         ro("sample", "out"),
     );
     let idx = upload_u32(b, &[2], &[1, 1]);

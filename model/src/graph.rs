@@ -69,10 +69,14 @@ pub enum Buf {
     AllLogits,
     /// u32 `[B]`: the picked tokens.
     Next,
+    /// u32 `[B]`: each sequence's sampling seed.
+    Seeds,
+    /// u32 `[B]`: each sequence's sampling step (the tokens it generated before this one).
+    Steps,
 }
 
 impl Buf {
-    pub const ALL: [Buf; 21] = [
+    pub const ALL: [Buf; 23] = [
         Buf::Ids,
         Buf::Positions,
         Buf::Slots,
@@ -94,6 +98,8 @@ impl Buf {
         Buf::Logits,
         Buf::AllLogits,
         Buf::Next,
+        Buf::Seeds,
+        Buf::Steps,
     ];
 
     pub fn index(self) -> usize {

@@ -31,7 +31,10 @@ pub struct GenerateOptions {
     /// Tokens to generate per sequence (exactly this many unless `stop_at_eos`).
     pub max_new_tokens: usize,
     pub sampling: SamplingParams,
-    pub seed: u64,
+    /// The seed of every sequence: each sequence draws its own stream (seed, its count of
+    /// generated tokens), so a batch samples exactly as each sequence run alone, and a batch of
+    /// identical prompts gives identical outputs.
+    pub seed: u32,
     /// Stop a sequence after it generates one of the config's `eos_token_id`s (kept in the output).
     pub stop_at_eos: bool,
     /// Read back the logits of every prompt position and of every generated token.
@@ -211,6 +214,8 @@ impl<'m, B: Backend> Session<'m, B> {
         set(Buf::LastHidden, f32s(&[seqs, h])?);
         set(Buf::Logits, f32s(&[seqs, v])?);
         set(Buf::Next, b.alloc(DType::U32, &[seqs])?);
+        set(Buf::Seeds, b.alloc(DType::U32, &[seqs])?);
+        set(Buf::Steps, b.alloc(DType::U32, &[seqs])?);
         if all {
             set(Buf::AllLogits, f32s(&[rows, v])?);
         }
@@ -251,6 +256,10 @@ impl<'m, B: Backend> Session<'m, B> {
     /// row `last[s]`. Returns the picked tokens, the `[seqs, vocab]` logits they were picked from
     /// (if `read_logits`) and, if `all_logits`, the `[rows, vocab]` logits of every row.
     ///
+    /// Sampling: `sampling = (params, seeds, steps)` with one seed and one step per sequence
+    /// (per entry of `last`); sequence s draws `ops::sample_uniform(seeds[s], steps[s], 0)`, its
+    /// own stream, whatever else runs in the step.
+    ///
     /// Low level: the caller keeps positions consistent (a row at position p attends to the cached
     /// positions 0..=p of its slot, which earlier steps or earlier rows of this step stored).
     pub fn step(
@@ -259,7 +268,7 @@ impl<'m, B: Backend> Session<'m, B> {
         last: &[u32],
         all_logits: bool,
         read_logits: bool,
-        sampling: (&SamplingParams, u64, u64),
+        sampling: (&SamplingParams, &[u32], &[u32]),
     ) -> Result<StepOutput> {
         let c = &self.model.config;
         if rows.is_empty() || last.is_empty() {
@@ -290,6 +299,14 @@ impl<'m, B: Backend> Session<'m, B> {
                 });
             }
         }
+        if sampling.1.len() != last.len() || sampling.2.len() != last.len() {
+            return Err(ModelError::Session(format!(
+                "{} seeds and {} steps for {} sequences",
+                sampling.1.len(),
+                sampling.2.len(),
+                last.len()
+            )));
+        }
         if let Some(&bad) = last.iter().find(|&&l| l as usize >= rows.len()) {
             return Err(ModelError::Session(format!("last row {bad} of a step of {} rows", rows.len())));
         }
@@ -307,7 +324,7 @@ impl<'m, B: Backend> Session<'m, B> {
         last: &[u32],
         all_logits: bool,
         read_logits: bool,
-        (params, seed, step): (&SamplingParams, u64, u64),
+        (params, seeds, steps): (&SamplingParams, &[u32], &[u32]),
     ) -> Result<StepOutput> {
         let model = self.model;
         let b = &model.backend;
@@ -321,6 +338,8 @@ impl<'m, B: Backend> Session<'m, B> {
         write_u32(ws, Buf::Positions, rows.iter().map(|r| r.pos).collect())?;
         write_u32(ws, Buf::Slots, rows.iter().map(|r| r.slot).collect())?;
         write_u32(ws, Buf::LastIdx, last.to_vec())?;
+        write_u32(ws, Buf::Seeds, seeds.to_vec())?;
+        write_u32(ws, Buf::Steps, steps.to_vec())?;
         self.last_expert_rows.clear();
         for op in model.graph.step_ops(all_logits) {
             self.exec(ws, op)?;
@@ -330,7 +349,7 @@ impl<'m, B: Backend> Session<'m, B> {
         let picked = if params.temperature == 0.0 {
             b.argmax(logits, &mut next)
         } else {
-            b.sample(logits, params, seed, step, &mut next)
+            b.sample(logits, params, ws.get(Buf::Seeds)?, ws.get(Buf::Steps)?, &mut next)
         };
         ws.put(Buf::Next, next);
         picked?;
@@ -570,8 +589,15 @@ impl<'m, B: Backend> Session<'m, B> {
             }
             last.push((rows.len() - 1) as u32);
         }
-        let StepOutput { tokens: first, logits, all_logits: all } =
-            self.step(&rows, &last, opts.record_logits, opts.record_logits, (&opts.sampling, opts.seed, 0))?;
+        // Every sequence draws its own stream: its seed, and its count of generated tokens.
+        let seeds = vec![opts.seed; n];
+        let StepOutput { tokens: first, logits, all_logits: all } = self.step(
+            &rows,
+            &last,
+            opts.record_logits,
+            opts.record_logits,
+            (&opts.sampling, &seeds, &vec![0; n]),
+        )?;
         if let Some(all) = all {
             let mut start = 0;
             for (s, p) in prompts.iter().enumerate() {
@@ -598,7 +624,6 @@ impl<'m, B: Backend> Session<'m, B> {
 
         // Decode: one row per live sequence.
         let t1 = Instant::now();
-        let mut step = 1u64;
         while !live.is_empty() {
             let rows: Vec<Row> = live
                 .iter()
@@ -609,8 +634,14 @@ impl<'m, B: Backend> Session<'m, B> {
                 })
                 .collect();
             let last: Vec<u32> = (0..rows.len() as u32).collect();
-            let StepOutput { tokens: next, logits, .. } =
-                self.step(&rows, &last, false, opts.record_logits, (&opts.sampling, opts.seed, step))?;
+            let steps: Vec<u32> = live.iter().map(|&s| out.tokens[s].len() as u32).collect();
+            let StepOutput { tokens: next, logits, .. } = self.step(
+                &rows,
+                &last,
+                false,
+                opts.record_logits,
+                (&opts.sampling, &seeds[..rows.len()], &steps),
+            )?;
             out.timing.decode_steps += 1;
             out.timing.decode_tokens += rows.len();
             let mut still = Vec::with_capacity(live.len());
@@ -625,7 +656,6 @@ impl<'m, B: Backend> Session<'m, B> {
                 }
             }
             live = still;
-            step += 1;
         }
         out.timing.decode_s = t1.elapsed().as_secs_f64();
         Ok(out)

@@ -174,3 +174,33 @@ fn seeded_sampling_is_reproducible() {
     assert_eq!(a.tokens, b.tokens);
     assert_ne!(a.tokens, c.tokens, "two seeds drew the same 12 tokens");
 }
+
+/// Each sequence draws its own stream (the seed, its count of generated tokens): a seeded batch of
+/// prompts of different lengths samples token for token as each prompt run alone, and two copies
+/// of one prompt in a batch come out identical.
+#[test]
+fn seeded_sampling_of_a_batch_equals_each_alone() {
+    for (name, cfg, dtype) in
+        [("llama", llama_config(64, false), DType::F32), ("mixtral", mixtral_config(64), DType::BF16)]
+    {
+        let dir = TempDir::new(name);
+        let m = model(&cfg, dtype, &dir);
+        let prompts = [vec![5, 6, 7, 8, 9], vec![10, 11], vec![12, 13, 14], vec![10, 11]];
+        let o = GenerateOptions {
+            max_new_tokens: 10,
+            sampling: SamplingParams { temperature: 1.3, top_k: 20, top_p: 0.9 },
+            seed: 7,
+            ..Default::default()
+        };
+        let mut s = Session::new(&m, opts(4, 32)).unwrap();
+        let batch = s.generate(&prompts, &o).unwrap();
+        assert_eq!(batch.tokens[1], batch.tokens[3], "{name}: two copies of one prompt in a batch");
+        for (i, p) in prompts.iter().enumerate() {
+            let single = s.generate(std::slice::from_ref(p), &o).unwrap();
+            assert_eq!(batch.tokens[i], single.tokens[0], "{name}: sequence {i} in the batch vs alone");
+        }
+        // The draws are not all the greedy choice (else this test would prove nothing).
+        let greedy = s.generate(&prompts, &greedy(10)).unwrap();
+        assert_ne!(batch.tokens, greedy.tokens, "{name}: sampling drew the greedy tokens");
+    }
+}

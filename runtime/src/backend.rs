@@ -23,9 +23,12 @@ pub trait Backend: Send + Sync {
 
     /// A zero-filled buffer of `bytes` bytes.
     fn exec_alloc(&self, bytes: usize) -> Result<Self::Storage>;
-    /// Copies host `bytes` into `dst`; lengths are checked equal.
+    /// Copies host `bytes` into the first `bytes.len()` bytes of `dst` (a tensor's current shape
+    /// may use only the start of its storage, see `Tensor::set_rows`); more bytes than `dst`
+    /// holds is an error.
     fn exec_write(&self, dst: &mut Self::Storage, bytes: &[u8]) -> Result<()>;
-    /// Copies `src` into host `out`; lengths are checked equal.
+    /// Copies the first `out.len()` bytes of `src` into host `out`; more than `src` holds is an
+    /// error.
     fn exec_read(&self, src: &Self::Storage, out: &mut [u8]) -> Result<()>;
     /// Waits until all queued work is done.
     fn synchronize(&self) -> Result<()> {
@@ -114,8 +117,8 @@ pub trait Backend: Send + Sync {
         d: RowsDims,
         logits: &Tensor<Self::Storage>,
         params: &SamplingParams,
-        seed: u64,
-        step: u64,
+        seeds: &Tensor<Self::Storage>,
+        steps: &Tensor<Self::Storage>,
         out: &mut Tensor<Self::Storage>,
     ) -> Result<()>;
     fn exec_gather_rows(
@@ -136,7 +139,8 @@ pub trait Backend: Send + Sync {
 
     // ---- memory (checked) -------------------------------------------------------------------
 
-    /// A zero-filled tensor.
+    /// A zero-filled tensor. A workspace allocated at its largest shape can then run at fewer
+    /// rows with `Tensor::set_rows`, without allocating again.
     fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<Tensor<Self::Storage>> {
         let bytes = tensor::nbytes(dtype, shape)?;
         Tensor::new(self.exec_alloc(bytes)?, dtype, shape)
@@ -303,18 +307,19 @@ pub trait Backend: Send + Sync {
     }
 
     /// One token per row drawn from softmax(logits / temperature) restricted to the top-k and then
-    /// the top-p nucleus, with the uniform `ops::sample_uniform(seed, step, row)`.
+    /// the top-p nucleus. Row r draws the uniform `ops::sample_uniform(seeds[r], steps[r], 0)`
+    /// (`seeds`, `steps`: u32 `[rows]`), so each sequence has its own stream, independent of the
+    /// batch it runs in.
     fn sample(
         &self,
         logits: &Tensor<Self::Storage>,
         params: &SamplingParams,
-        seed: u64,
-        step: u64,
+        seeds: &Tensor<Self::Storage>,
+        steps: &Tensor<Self::Storage>,
         out: &mut Tensor<Self::Storage>,
     ) -> Result<()> {
-        params.check()?;
-        let d = ops::check_pick("sample", logits, out)?;
-        self.exec_sample(d, logits, params, seed, step, out)
+        let d = ops::check_sample(logits, params, seeds, steps, out)?;
+        self.exec_sample(d, logits, params, seeds, steps, out)
     }
 
     /// `out[i] = src[idx[i]]`.

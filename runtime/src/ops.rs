@@ -143,9 +143,15 @@ impl SamplingParams {
     }
 }
 
-/// The uniform number in [0, 1) that row `row` of sampling step `step` draws under `seed`: a
-/// counter-based hash (splitmix64 finaliser over the three counters), so every backend, CPU or
-/// GPU, draws the same number without sharing generator state.
+/// The uniform number in [0, 1) drawn under `seed` at `step` for `row`: a counter-based hash
+/// (splitmix64 finaliser over the three counters), so every backend, CPU or GPU, draws the same
+/// number without sharing generator state.
+///
+/// The `sample` op gives every row its own stream: row r of a step draws
+/// `sample_uniform(seeds[r], steps[r], 0)`, with its sequence's seed and its sequence's step (the
+/// count of tokens that sequence generated before). A sequence's draws therefore do not depend on
+/// its position in a batch nor on the other sequences, and a batch samples exactly as each
+/// sequence run alone. (The `row` counter stays for other uses; `sample` always passes 0.)
 pub fn sample_uniform(seed: u64, step: u64, row: u64) -> f64 {
     fn mix(mut z: u64) -> u64 {
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -484,6 +490,23 @@ pub fn check_pick<S: Storage>(op: &'static str, logits: &Tensor<S>, out: &Tensor
     }
     check_row_index(op, "out", out, rows)?;
     Ok(RowsDims { rows, cols })
+}
+
+/// Seeded sampling: `check_pick` plus one u32 seed and one u32 step per row (`seeds`, `steps`
+/// `[rows]`); row r draws `sample_uniform(seeds[r], steps[r], 0)` (see [`sample_uniform`]).
+pub fn check_sample<S: Storage>(
+    logits: &Tensor<S>,
+    params: &SamplingParams,
+    seeds: &Tensor<S>,
+    steps: &Tensor<S>,
+    out: &Tensor<S>,
+) -> Result<RowsDims> {
+    let op = "sample";
+    params.check()?;
+    let d = check_pick(op, logits, out)?;
+    check_row_index(op, "seeds", seeds, d.rows)?;
+    check_row_index(op, "steps", steps, d.rows)?;
+    Ok(d)
 }
 
 fn check_rows_pick<S: Storage>(

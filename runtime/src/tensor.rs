@@ -14,6 +14,12 @@ pub trait Storage: Send + Sync {
 }
 
 /// A dense, row-major tensor on a backend.
+///
+/// A tensor's storage may be larger than its shape: a workspace buffer is allocated once for the
+/// most rows a step can have, and each step sets its leading dimension ([`Tensor::set_rows`]) to
+/// the rows it uses. The shape, `numel` and `nbytes` are always the current ones, and every op
+/// reads and writes only the first `nbytes` bytes of the storage; the rest keeps whatever it
+/// held.
 #[derive(Debug)]
 pub struct Tensor<S> {
     storage: S,
@@ -59,7 +65,7 @@ impl<S: Storage> Tensor<S> {
         self.shape.len()
     }
     pub fn numel(&self) -> usize {
-        // Checked in `new`.
+        // Checked in `new`, `reshape` and `set_rows`: never more than the storage holds.
         self.shape.iter().product()
     }
     pub fn nbytes(&self) -> usize {
@@ -75,10 +81,45 @@ impl<S: Storage> Tensor<S> {
         self.storage
     }
 
-    /// The same bytes under another shape with as many elements.
+    /// The same bytes under another shape with as many elements as the current shape (the
+    /// storage beyond them, if any, stays with the tensor).
     pub fn reshape(self, shape: &[usize]) -> Result<Self> {
-        let dtype = self.dtype;
-        Tensor::new(self.storage, dtype, shape)
+        let expected = nbytes(self.dtype, shape)?;
+        if expected != self.nbytes() {
+            return Err(Error::ByteLength {
+                dtype: self.dtype,
+                shape: shape.to_vec(),
+                expected,
+                got: self.nbytes(),
+            });
+        }
+        Ok(Tensor { shape: shape.to_vec(), ..self })
+    }
+
+    /// The rows (leading dimension) the storage can hold at the current row shape: the most
+    /// [`Tensor::set_rows`] accepts. A rank-0 tensor, or one whose rows are empty, has its
+    /// current leading dimension.
+    pub fn max_rows(&self) -> usize {
+        let Some(&rows) = self.shape.first() else { return 1 };
+        let row_bytes = self.shape[1..].iter().product::<usize>() * self.dtype.size();
+        self.storage.len_bytes().checked_div(row_bytes).unwrap_or(rows)
+    }
+
+    /// Sets the leading dimension to `rows`, at most [`Tensor::max_rows`]: the storage is not
+    /// touched, and ops on the tensor read and write only its first `rows` rows.
+    pub fn set_rows(&mut self, rows: usize) -> Result<()> {
+        if self.shape.is_empty() {
+            return Err(Error::Argument { op: "set_rows", msg: "a rank-0 tensor has no rows".into() });
+        }
+        let max = self.max_rows();
+        if rows > max {
+            return Err(Error::Argument {
+                op: "set_rows",
+                msg: format!("{rows} rows of {:?} beyond the {max} its storage holds", &self.shape[1..]),
+            });
+        }
+        self.shape[0] = rows;
+        Ok(())
     }
 }
 
@@ -190,22 +231,24 @@ impl Storage for HostStorage {
 pub type HostTensor = Tensor<HostStorage>;
 
 impl HostTensor {
-    /// Elements of type `T` (which must match the dtype's size; alignment is guaranteed by the
-    /// storage constructors).
+    /// The elements of the current shape, of type `T` (which must match the dtype's size;
+    /// alignment is guaranteed by the storage constructors). Storage beyond the shape (see
+    /// [`Tensor::set_rows`]) is not part of the slice.
     pub fn as_slice<T: bytemuck::Pod>(&self) -> &[T] {
         debug_assert_eq!(std::mem::size_of::<T>(), self.dtype().size());
-        bytemuck::cast_slice(self.storage().bytes())
+        bytemuck::cast_slice(&self.storage().bytes()[..self.nbytes()])
     }
 
-    /// Mutable elements, or `ReadOnly` for a mapped tensor.
+    /// The mutable elements of the current shape, or `ReadOnly` for a mapped tensor.
     pub fn as_mut_slice<T: bytemuck::Pod>(
         &mut self,
         op: &'static str,
         name: &'static str,
     ) -> Result<&mut [T]> {
         debug_assert_eq!(std::mem::size_of::<T>(), self.dtype().size());
+        let len = self.nbytes();
         match self.storage_mut().bytes_mut() {
-            Some(b) => Ok(bytemuck::cast_slice_mut(b)),
+            Some(b) => Ok(bytemuck::cast_slice_mut(&mut b[..len])),
             None => Err(Error::ReadOnly { op, tensor: name }),
         }
     }

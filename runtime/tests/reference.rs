@@ -692,8 +692,11 @@ fn draw_counts(logits: &[f32], p: &SamplingParams, steps: u64, rows: usize) -> V
     let t = f32_tensor(&[rows, logits.len()], &logits.repeat(rows));
     let mut counts = vec![0; logits.len()];
     let mut out = u32_tensor(&[rows], &vec![0; rows]);
+    // Each row its own stream (seed 0x5eed + row), all at the same step.
+    let seeds = u32_tensor(&[rows], &(0..rows as u32).map(|r| 0x5eed + r).collect::<Vec<_>>());
     for step in 0..steps {
-        B.sample(&t, p, 0x5eed, step, &mut out).unwrap();
+        let step_t = u32_tensor(&[rows], &vec![step as u32; rows]);
+        B.sample(&t, p, &seeds, &step_t, &mut out).unwrap();
         for id in B.read_u32(&out).unwrap() {
             counts[id as usize] += 1;
         }
@@ -734,7 +737,8 @@ fn greedy_at_temperature_zero_and_top_k_one() {
     {
         for seed in 0..20 {
             let mut out = u32_tensor(&[4], &[99; 4]);
-            B.sample(&t, &p, seed, step as u64, &mut out).unwrap();
+            let (seeds, steps) = (u32_tensor(&[4], &[seed; 4]), u32_tensor(&[4], &[step as u32; 4]));
+            B.sample(&t, &p, &seeds, &steps, &mut out).unwrap();
             assert_eq!(B.read_u32(&out).unwrap(), want, "{p:?} seed {seed}");
         }
     }
@@ -817,13 +821,26 @@ fn sample_row_inverts_the_cdf() {
     ] {
         assert_eq!(Reference::sample_row(&logits, &p, u), want, "u = {u}");
     }
-    // The op draws u = sample_uniform(seed, step, row).
+    // Row r of the op draws u = sample_uniform(seeds[r], steps[r], 0): its own stream, whatever
+    // its place in the batch.
     let t = f32_tensor(&[3, 5], &logits.repeat(3));
     let mut out = u32_tensor(&[3], &[99; 3]);
-    B.sample(&t, &p, 11, 5, &mut out).unwrap();
-    let want: Vec<u32> =
-        (0..3).map(|r| Reference::sample_row(&logits, &p, sample_uniform(11, 5, r))).collect();
+    let (seeds, steps) = ([11u32, 11, 12], [5u32, 6, 5]);
+    B.sample(&t, &p, &u32_tensor(&[3], &seeds), &u32_tensor(&[3], &steps), &mut out).unwrap();
+    let want: Vec<u32> = (0..3)
+        .map(|r| {
+            Reference::sample_row(&logits, &p, sample_uniform(u64::from(seeds[r]), u64::from(steps[r]), 0))
+        })
+        .collect();
     assert_eq!(B.read_u32(&out).unwrap(), want);
+    // The same row alone draws the same token.
+    for r in 0..3 {
+        let mut one = u32_tensor(&[1], &[99]);
+        let t1 = f32_tensor(&[1, 5], &logits);
+        B.sample(&t1, &p, &u32_tensor(&[1], &seeds[r..=r]), &u32_tensor(&[1], &steps[r..=r]), &mut one)
+            .unwrap();
+        assert_eq!(B.read_u32(&one).unwrap(), [want[r]], "row {r} alone");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -54,8 +54,10 @@ pub struct RunArgs {
     /// Keep the smallest set of tokens whose probability reaches p when sampling.
     #[arg(long, default_value_t = 1.0)]
     top_p: f32,
+    /// Seed of every sequence's sampling (each sequence draws its own stream, so a batch samples
+    /// exactly as each sequence alone).
     #[arg(long, default_value_t = 0)]
-    seed: u64,
+    seed: u32,
 }
 
 /// Parses `1,2,3` into token ids.

@@ -14,22 +14,25 @@ pub(crate) fn host_alloc(bytes: usize) -> Result<HostStorage> {
     HostStorage::zeroed(bytes)
 }
 
+/// Copies `bytes` into the first `bytes.len()` bytes of `dst` (a tensor's current shape may use
+/// only the start of its storage).
 pub(crate) fn host_write(dst: &mut HostStorage, bytes: &[u8]) -> Result<()> {
     let len = dst.len_bytes();
     let d = dst.bytes_mut().ok_or(Error::ReadOnly { op: "write", tensor: "dst" })?;
-    if len != bytes.len() {
+    if bytes.len() > len {
         return Err(Error::OutOfBounds { what: "write".into(), offset: 0, len: bytes.len(), size: len });
     }
-    d.copy_from_slice(bytes);
+    d[..bytes.len()].copy_from_slice(bytes);
     Ok(())
 }
 
+/// Copies the first `out.len()` bytes of `src` into `out`.
 pub(crate) fn host_read(src: &HostStorage, out: &mut [u8]) -> Result<()> {
     let s = src.bytes();
-    if s.len() != out.len() {
+    if out.len() > s.len() {
         return Err(Error::OutOfBounds { what: "read".into(), offset: 0, len: out.len(), size: s.len() });
     }
-    out.copy_from_slice(s);
+    out.copy_from_slice(&s[..out.len()]);
     Ok(())
 }
 

@@ -14,8 +14,8 @@
 //! are the tokens with p > 0, ordered by (p descending, index ascending); the first `top_k` kept
 //! (0 keeps all); if `top_p < 1`, of those, renormalised, the shortest prefix whose cumulative
 //! probability reaches `top_p`; then `p / sum(kept)`, and the first candidate whose cumulative
-//! probability exceeds `u = ops::sample_uniform(seed, step, row)` is drawn (the last one if
-//! rounding leaves none).
+//! probability exceeds `u = ops::sample_uniform(seeds[r], steps[r], 0)` is drawn (the last one
+//! if rounding leaves none).
 
 use std::cell::Cell;
 use std::cmp::Ordering;
@@ -244,11 +244,12 @@ pub(crate) fn sample(
     d: RowsDims,
     logits: &HostTensor,
     params: &SamplingParams,
-    seed: u64,
-    step: u64,
+    seeds: &HostTensor,
+    steps: &HostTensor,
     out: &mut HostTensor,
 ) -> Result<()> {
     let logits = logits.as_slice::<f32>();
+    let (seeds, steps) = (seeds.as_slice::<u32>(), steps.as_slice::<u32>());
     let out = out.as_mut_slice::<u32>("sample", "out")?;
     let params = *params;
     // A row costs an exp and a sort step per logit.
@@ -256,7 +257,13 @@ pub(crate) fn sample(
         let row = &logits[r * d.cols..(r + 1) * d.cols];
         o[0] = with_scratch(&TASK_F64, d.cols, 0.0, |p| {
             with_scratch(&TASK_U32, d.cols, 0, |order| {
-                sample_row(row, &params, sample_uniform(seed, step, r as u64), p, order)
+                sample_row(
+                    row,
+                    &params,
+                    sample_uniform(u64::from(seeds[r]), u64::from(steps[r]), 0),
+                    p,
+                    order,
+                )
             })
         });
     });
@@ -603,10 +610,13 @@ mod tests {
         let rows = logit_rows(&mut rng, 50);
         let logits = fast.upload_f32(DType::F32, &[rows.len(), 50], &rows.concat()).unwrap();
         let params = SamplingParams { temperature: 0.9, top_k: 10, top_p: 0.8 };
+        let n = rows.len() as u32;
+        let seeds = fast.upload_u32(&[rows.len()], &(0..n).map(|i| 123 + i % 3).collect::<Vec<_>>()).unwrap();
+        let steps = fast.upload_u32(&[rows.len()], &(0..n).map(|i| 4 + i).collect::<Vec<_>>()).unwrap();
         let (mut a, mut b) =
             (fast.alloc(DType::U32, &[rows.len()]).unwrap(), r.alloc(DType::U32, &[rows.len()]).unwrap());
-        fast.sample(&logits, &params, 123, 4, &mut a).unwrap();
-        r.sample(&logits, &params, 123, 4, &mut b).unwrap();
+        fast.sample(&logits, &params, &seeds, &steps, &mut a).unwrap();
+        r.sample(&logits, &params, &seeds, &steps, &mut b).unwrap();
         assert_eq!(fast.read(&a).unwrap(), r.read(&b).unwrap());
     }
 }

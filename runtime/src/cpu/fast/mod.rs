@@ -272,11 +272,11 @@ impl Backend for Fast {
         d: RowsDims,
         logits: &HostTensor,
         params: &SamplingParams,
-        seed: u64,
-        step: u64,
+        seeds: &HostTensor,
+        steps: &HostTensor,
         out: &mut HostTensor,
     ) -> Result<()> {
-        misc::sample(self, d, logits, params, seed, step, out)
+        misc::sample(self, d, logits, params, seeds, steps, out)
     }
     fn exec_gather_rows(
         &self,

@@ -145,11 +145,11 @@ impl Backend for Reference {
         d: RowsDims,
         logits: &HostTensor,
         params: &SamplingParams,
-        seed: u64,
-        step: u64,
+        seeds: &HostTensor,
+        steps: &HostTensor,
         out: &mut HostTensor,
     ) -> Result<()> {
-        select::sample(d, logits, params, seed, step, out)
+        select::sample(d, logits, params, seeds, steps, out)
     }
     fn exec_gather_rows(
         &self,

@@ -110,7 +110,7 @@ impl Reference {
     }
 
     /// One token drawn from [`Reference::sample_distribution`] with the uniform `u` in [0, 1)
-    /// (`ops::sample_uniform(seed, step, row)` in the backend): the first candidate whose
+    /// (`ops::sample_uniform(seeds[r], steps[r], 0)` in the backend): the first candidate whose
     /// cumulative probability exceeds `u` (the last one if rounding leaves the total below `u`).
     pub fn sample_row(logits: &[f32], params: &SamplingParams, u: f64) -> u32 {
         let dist = Self::sample_distribution(logits, params);
@@ -164,15 +164,17 @@ pub(super) fn sample(
     d: RowsDims,
     logits: &HostTensor,
     params: &SamplingParams,
-    seed: u64,
-    step: u64,
+    seeds: &HostTensor,
+    steps: &HostTensor,
     out: &mut HostTensor,
 ) -> Result<()> {
     let op = "sample";
     let logits = logits.as_slice::<f32>();
+    let (seeds, steps) = (seeds.as_slice::<u32>(), steps.as_slice::<u32>());
     let out = out.as_mut_slice::<u32>(op, "out")?;
     for r in 0..d.rows {
-        let u = sample_uniform(seed, step, r as u64);
+        // Each row its own stream: see `ops::sample_uniform`.
+        let u = sample_uniform(u64::from(seeds[r]), u64::from(steps[r]), 0);
         out[r] = Reference::sample_row(&logits[r * d.cols..(r + 1) * d.cols], params, u);
     }
     Ok(())
