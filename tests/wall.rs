@@ -668,7 +668,7 @@ fn cli_reads_the_benches_record() {
     let out = memwall(&[
         "wall",
         "--model",
-        "llama-3.2-1b",
+        "llama-3.2-1b,tiny-random",
         "--device",
         "h200",
         "--record",

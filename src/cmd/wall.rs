@@ -102,7 +102,13 @@ fn measure_this_machine() -> Result<(Device, String), Error> {
 
 /// The devices of the report, the one the roofline draws (if it can pick one), and a note on
 /// what was measured.
-fn select_devices(args: &WallArgs) -> Result<(Vec<Device>, Option<Device>, Option<String>), Error> {
+struct Devices {
+    all: Vec<Device>,
+    drawn: Option<Device>,
+    note: Option<String>,
+}
+
+fn select_devices(args: &WallArgs) -> Result<Devices, Error> {
     let named: Vec<Device> = args
         .devices
         .iter()
@@ -131,7 +137,7 @@ fn select_devices(args: &WallArgs) -> Result<(Vec<Device>, Option<Device>, Optio
         devices.push(this);
         note = Some(text);
     }
-    Ok((devices, drawn, note))
+    Ok(Devices { all: devices, drawn, note })
 }
 
 /// The benches' decode record, if it exists and its model passes the `--model` filter: its model
@@ -157,14 +163,15 @@ fn recorded(args: &WallArgs) -> Result<Option<(Model, Device, DecodeRecord)>, Er
     Ok(Some((model, device, record)))
 }
 
-fn select_models(args: &WallArgs) -> Result<Vec<Model>, Error> {
+/// The models named (or the presets), less the decode record's model, which comes with its record.
+fn select_models(args: &WallArgs, recorded: Option<&str>) -> Result<Vec<Model>, Error> {
     if args.models.is_empty() {
         if args.sram {
             return Ok(vec![Model::resolve("llama-3.1-70b")?]);
         }
         return Model::presets();
     }
-    args.models.iter().map(|m| Model::resolve(m)).collect()
+    args.models.iter().filter(|m| Some(m.as_str()) != recorded).map(|m| Model::resolve(m)).collect()
 }
 
 fn select_dtypes(args: &WallArgs) -> Result<Vec<WeightDtype>, Error> {
@@ -209,8 +216,10 @@ fn print_json<T: Serialize>(value: &T) -> Result<(), Error> {
 }
 
 pub fn wall_command(args: &WallArgs) -> Result<(), Error> {
-    let models = select_models(args)?;
-    let (devices, drawn, note) = select_devices(args)?;
+    let table = !args.scenarios && !args.sram;
+    let record = if table { recorded(args)? } else { None };
+    let mut models = select_models(args, record.as_ref().map(|(m, _, _)| m.name.as_str()))?;
+    let Devices { all: devices, drawn, note } = select_devices(args)?;
     let dtypes = select_dtypes(args)?;
     for m in &models {
         report::check_workload(&m.config, args.batch, args.context)?;
@@ -223,9 +232,6 @@ pub fn wall_command(args: &WallArgs) -> Result<(), Error> {
             reason: format!("{x}: must be finite and positive"),
         });
     }
-    let table = !args.scenarios && !args.sram;
-    let record = if table { recorded(args)? } else { None };
-
     let mut rows: Vec<WallRow> = Vec::new();
     if table {
         let any_measured = devices.iter().any(|d| d.source == Source::Measured);
@@ -278,6 +284,12 @@ pub fn wall_command(args: &WallArgs) -> Result<(), Error> {
                 intensity: r.flops_per_step / r.bytes_per_step,
                 flops_per_s: r.flops_per_step * r.tokens_per_s / r.batch as f64,
             });
+        }
+        // The record's model, when named (or nothing else is), is drawn predicted as well.
+        if let Some((model, _, _)) = &record
+            && (models.is_empty() || args.models.contains(&model.name))
+        {
+            models.push(model.clone());
         }
         let text = wall::roofline::svg(&models, dtypes[0], device, args.context, &measured)?;
         std::fs::write(path, text).map_err(|source| Error::Io { path: path.clone(), source })?;

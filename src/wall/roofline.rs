@@ -128,11 +128,16 @@ pub fn svg(
             }
             None => "compute peak unknown".to_string(),
         };
+        // This machine's name carries its figures; the caption states them once, with their origin.
+        let (name, bw_origin, peak_origin) = if device.key == super::THIS_MACHINE {
+            ("this machine", " (measured read)", " (estimated)")
+        } else {
+            (device.name.as_str(), "", "")
+        };
         let caption = format!(
-            "Decode roofline on {}: {}B/s memory, {} ({} weights, context {context} tokens)",
-            device.name,
+            "Decode roofline on {name}: {}B/s memory{bw_origin}, {peak_text}{peak_origin} ({} weights, context \
+             {context} tokens)",
             si(bw),
-            peak_text,
             dtype.name()
         );
         let mut chart = ChartBuilder::on(&root)
