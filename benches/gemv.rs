@@ -11,7 +11,7 @@
 //!    streamed once). Read passes are also taken before each GEMV shape and after the last, so a
 //!    machine shared with other work is not judged by one quiet or busy moment.
 //!
-//! Bytes are `memwall::bytes::linear_bytes` (weight + scales + x + y) and `StreamBuffers::
+//! Bytes are `memwall_runtime::cost::linear_bytes` (weight + scales + x + y) and `StreamBuffers::
 //! bytes_per_pass` (read + written), in decimal GB. A GEMV above the read peak is a bench bug (or
 //! a read kernel that is not the ceiling); the summary says so when it happens.
 //! Sized for a few minutes on 2 cores: 10 samples, short warm-up and measurement times, no plots
@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput};
-use memwall::bytes::{ScaleLayout, linear_bytes};
 use memwall::peak::{self, Kernel, StreamBuffers};
+use memwall::runtime::cost::{ScaleLayout, linear_bytes};
 use memwall::runtime::dtype::decode_f32;
 use memwall::runtime::{Backend, DType, HostStorage, HostTensor, Linear, WeightScale};
 use rayon::ThreadPool;

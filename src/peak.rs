@@ -369,6 +369,115 @@ fn triad(a: &mut [f32], b: &[f32], c: &[f32], s: f32) {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Compute ceiling (estimated, not measured)
+
+/// Where Linux lists the CPUs (`cpu*/topology/{core_id,physical_package_id}`).
+pub const SYSFS_CPU_DIR: &str = "/sys/devices/system/cpu";
+
+/// FMA units per core assumed by the estimate: two on every x86 core since Haswell / Zen 1 (one on
+/// some server Skylakes with AVX-512, where the estimate is 2x high) and on Neoverse N1/V1 (4 on V2).
+pub const FMA_PORTS: usize = 2;
+
+/// A rough peak f32 FLOP/s of this CPU, the compute roof of "this machine". The CPU backends widen
+/// bf16 and fp8 weights to f32 and multiply-add in f32, so f32 FMA throughput is their roof:
+///
+/// `flops_per_s = cores x GHz x 1e9 x FMA ports x f32 lanes x 2` (an FMA is 2 FLOPs),
+///
+/// with physical cores from sysfs topology, the clock the fastest `cpu MHz` of `/proc/cpuinfo`
+/// (or cpufreq's `cpuinfo_max_freq`), lanes from the SIMD detected at run time, and
+/// [`FMA_PORTS`] assumed. Estimated, never measured: turbo under all-core load, AVX-512 clock
+/// offsets and one-port parts all make the real figure lower.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct FlopsEstimate {
+    pub cores: usize,
+    pub ghz: f64,
+    pub fma_ports: usize,
+    pub f32_lanes: usize,
+    pub flops_per_s: f64,
+}
+
+impl FlopsEstimate {
+    /// The estimate for the given figures (the formula above).
+    pub fn new(cores: usize, ghz: f64, fma_ports: usize, f32_lanes: usize) -> FlopsEstimate {
+        let flops_per_s = cores as f64 * ghz * 1e9 * fma_ports as f64 * f32_lanes as f64 * 2.0;
+        FlopsEstimate { cores, ghz, fma_ports, f32_lanes, flops_per_s }
+    }
+
+    /// `cores x GHz x ports x lanes x 2 = GFLOP/s`, for reports.
+    pub fn formula(&self) -> String {
+        format!(
+            "{} cores x {:.2} GHz x {} FMA ports x {} f32 lanes x 2 = {:.0} GFLOP/s (estimated)",
+            self.cores,
+            self.ghz,
+            self.fma_ports,
+            self.f32_lanes,
+            self.flops_per_s / 1e9
+        )
+    }
+}
+
+/// f32 lanes of the widest FMA-capable vector unit detected at run time: AVX-512F 16, AVX2 + FMA 8,
+/// NEON 4, otherwise 4 (SSE's width, with the multiply and add counted as one FMA).
+pub fn simd_f32_lanes() -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return 16;
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            return 8;
+        }
+    }
+    4
+}
+
+/// The fastest `cpu MHz` in `/proc/cpuinfo`-formatted text, in GHz.
+pub fn parse_cpuinfo_ghz(text: &str) -> Option<f64> {
+    text.lines()
+        .filter_map(|l| {
+            let (key, value) = l.split_once(':')?;
+            (key.trim() == "cpu MHz").then(|| value.trim().parse::<f64>().ok()).flatten()
+        })
+        .filter(|mhz| mhz.is_finite() && *mhz > 0.0)
+        .fold(None, |best: Option<f64>, mhz| Some(best.map_or(mhz, |b| b.max(mhz))))
+        .map(|mhz| mhz / 1e3)
+}
+
+/// Physical cores under a sysfs CPU directory: distinct (`physical_package_id`, `core_id`) pairs
+/// of the `cpuN` entries. `None` if none is readable.
+pub fn physical_cores_from_sysfs(dir: &Path) -> Option<usize> {
+    let read = |p: std::path::PathBuf| std::fs::read_to_string(p).ok().map(|s| s.trim().to_string());
+    let mut cores = std::collections::BTreeSet::new();
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let name = entry.file_name();
+        let Some(n) = name.to_str().and_then(|n| n.strip_prefix("cpu")) else { continue };
+        if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let topo = entry.path().join("topology");
+        if let (Some(pkg), Some(core)) = (read(topo.join("physical_package_id")), read(topo.join("core_id")))
+        {
+            cores.insert((pkg, core));
+        }
+    }
+    (!cores.is_empty()).then_some(cores.len())
+}
+
+/// This machine's estimated f32 FMA peak; `None` where the clock cannot be read. Cores are the
+/// physical cores this process may use (sysfs, capped by the threads it is allowed).
+pub fn estimate_peak_flops() -> Option<FlopsEstimate> {
+    let threads = max_threads();
+    let cores = physical_cores_from_sysfs(Path::new(SYSFS_CPU_DIR)).map_or(threads, |c| c.min(threads));
+    let ghz =
+        std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|t| parse_cpuinfo_ghz(&t)).or_else(|| {
+            let khz = std::fs::read_to_string(Path::new(SYSFS_CPU_DIR).join("cpu0/cpufreq/cpuinfo_max_freq"))
+                .ok()?;
+            khz.trim().parse::<f64>().ok().filter(|k| *k > 0.0).map(|k| k / 1e6)
+        })?;
+    Some(FlopsEstimate::new(cores, ghz, FMA_PORTS, simd_f32_lanes()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -533,5 +642,35 @@ mod tests {
         assert!(matches!(measure(Kernel::Read, 0, BUFFER_GRAIN, 1), Err(Error::Argument { .. })));
         assert_eq!(gb_per_s(1000, Duration::ZERO), 0.0);
         assert_eq!(gb_per_s(2_000_000_000, Duration::from_secs(1)), 2.0);
+    }
+
+    #[test]
+    fn flops_estimate_is_the_formula() {
+        let e = FlopsEstimate::new(8, 3.0, 2, 8);
+        assert_eq!(e.flops_per_s, 8.0 * 3.0e9 * 2.0 * 8.0 * 2.0);
+        assert!(e.formula().contains("8 cores x 3.00 GHz x 2 FMA ports x 8 f32 lanes x 2 = 768 GFLOP/s"));
+        assert!([4, 8, 16].contains(&simd_f32_lanes()));
+        let text = "processor\t: 0\ncpu MHz\t\t: 2400.000\nprocessor\t: 1\ncpu MHz\t\t: 3100.5\nflags: x\n";
+        assert_eq!(parse_cpuinfo_ghz(text), Some(3.1005));
+        assert_eq!(parse_cpuinfo_ghz("cpu MHz : fast\n"), None);
+        assert_eq!(parse_cpuinfo_ghz(""), None);
+    }
+
+    #[test]
+    fn physical_cores_count_distinct_core_ids() {
+        let dir = std::env::temp_dir().join(format!("memwall-peak-topo-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        // Two cores with two SMT threads each, and entries that are not CPUs.
+        for (cpu, core) in [("cpu0", "0"), ("cpu1", "1"), ("cpu2", "0"), ("cpu3", "1")] {
+            let t = dir.join(cpu).join("topology");
+            std::fs::create_dir_all(&t).expect("topology dir");
+            std::fs::write(t.join("core_id"), format!("{core}\n")).expect("core_id");
+            std::fs::write(t.join("physical_package_id"), "0\n").expect("package");
+        }
+        std::fs::create_dir_all(dir.join("cpufreq")).expect("other dir");
+        std::fs::create_dir_all(dir.join("cpuidle")).expect("other dir");
+        assert_eq!(physical_cores_from_sysfs(&dir), Some(2));
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(physical_cores_from_sysfs(Path::new("/nonexistent/memwall")), None);
     }
 }

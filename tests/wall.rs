@@ -8,7 +8,7 @@ use memwall::wall::count::{self, WeightDtype};
 use memwall::wall::estimate::{self, Bound};
 use memwall::wall::scenario::{self, RequestShape, Scenario};
 use memwall::wall::sram::{self, GROQCHIP, Prefix, WSE3};
-use memwall::wall::{Device, Model, report};
+use memwall::wall::{DecodeRecord, Device, Model, report};
 use serde_json::Value;
 
 const BF16: WeightDtype = WeightDtype::Bf16;
@@ -366,8 +366,18 @@ fn workload_checks() {
 // ---------------------------------------------------------------------------------------------
 // The command
 
+/// Runs `memwall` with a target directory that holds no decode record, so a record left by
+/// `cargo bench --bench decode` cannot add rows.
 fn memwall(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_memwall")).args(args).output().expect("run memwall")
+    memwall_in(args, &std::env::temp_dir().join("memwall-wall-test-no-target"))
+}
+
+fn memwall_in(args: &[&str], target_dir: &std::path::Path) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_memwall"))
+        .args(args)
+        .env("CARGO_TARGET_DIR", target_dir)
+        .output()
+        .expect("run memwall")
 }
 
 fn json_rows(args: &[&str]) -> Vec<Value> {
@@ -512,4 +522,198 @@ fn cli_table_scenarios_and_sram() {
     assert_eq!(names, ["SingleStream", "Server", "Offline"]);
     let rows = json_rows(&["wall", "--sram", "--json", "--device", "mi300x"]);
     assert!(rows.iter().any(|r| r["chip"] == "GroqChip" && r["chips"] == 614));
+}
+
+#[test]
+fn this_machine_and_achieved_rates() {
+    let this = Device::this_machine(20e9, Some(5e11)).expect("valid figures");
+    assert_eq!(this.key, "this");
+    assert_eq!(this.name, "this machine (read 20.0 GB/s measured, 500 GFLOP/s estimated)");
+    assert_eq!(this.bf16_flops, Some(5e11));
+    assert_eq!(this.capacity, None);
+    assert!(Device::this_machine(0.0, None).is_err());
+    assert!(Device::this_machine(1e9, Some(f64::INFINITY)).is_err());
+    assert_eq!(Device::this_machine(1e9, None).expect("valid").name, "this machine (read 1.0 GB/s measured)");
+
+    let model = Model::resolve("llama-3.1-8b").expect("preset");
+    let row = report::wall_row(&model, BF16, &this, 1, 0).expect("row");
+    assert_eq!(row.achieved_tokens_per_s, None);
+    let row = row.with_achieved(1.0).expect("a rate");
+    assert_eq!(row.achieved_tokens_per_s, Some(1.0));
+    // Batch 1 is memory-bound here: the fraction of the wall is the bandwidth utilisation.
+    let wall = 20e9 / row.bytes_per_token;
+    assert!((row.achieved_fraction_of_wall.expect("fraction") - 1.0 / wall).abs() < 1e-12);
+    assert!((row.bandwidth_utilisation.expect("utilisation") - row.bytes_per_step / 20e9).abs() < 1e-12);
+    // At batch 8 one step serves 8 tokens: 8 tok/s is one step a second.
+    let b8 = report::wall_row(&model, BF16, &this, 8, 0).expect("row").with_achieved(8.0).expect("rate");
+    assert!((b8.bandwidth_utilisation.expect("utilisation") - b8.bytes_per_step / 20e9).abs() < 1e-12);
+    assert!(row.clone().with_achieved(0.0).is_err());
+    assert!(row.with_achieved(f64::NAN).is_err());
+}
+
+#[test]
+fn cli_achieved_tokens_per_s() {
+    let rows = json_rows(&[
+        "wall",
+        "--json",
+        "--model",
+        "llama-3.1-8b",
+        "--device",
+        "h200",
+        "--achieved-tok-s",
+        "200",
+    ]);
+    assert_eq!(rows.len(), 1);
+    let r = &rows[0];
+    assert_eq!(r["achieved_tokens_per_s"], 200.0);
+    let wall = r["wall_tokens_per_s"].as_f64().expect("wall");
+    assert!((r["achieved_fraction_of_wall"].as_f64().expect("fraction") - 200.0 / wall).abs() < 1e-9);
+    let bytes = r["bytes_per_step"].as_f64().expect("bytes");
+    assert!((r["bandwidth_utilisation"].as_f64().expect("util") - bytes * 200.0 / 4.8e12).abs() < 1e-9);
+
+    // With a measured device, only its row gets the rate.
+    let rows = json_rows(&[
+        "wall",
+        "--json",
+        "--model",
+        "llama-3.1-8b",
+        "--device",
+        "h200",
+        "--bandwidth-gbs",
+        "4300",
+        "--achieved-tok-s",
+        "200",
+    ]);
+    assert_eq!(rows.len(), 2);
+    assert!(rows[0]["achieved_tokens_per_s"].is_null());
+    assert_eq!(rows[1]["achieved_tokens_per_s"], 200.0);
+
+    let out = memwall(&["wall", "--model", "llama-3.1-8b", "--device", "h200", "--achieved-tok-s", "200"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("achieved tok/s") && text.contains("200.00"), "{text}");
+    for bad in ["0", "-3", "nan"] {
+        let out = memwall(&["wall", "--device", "h200", &format!("--achieved-tok-s={bad}")]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{bad}: {stderr}");
+        assert!(stderr.contains("--achieved-tok-s"), "{bad}: {stderr}");
+    }
+}
+
+#[test]
+fn cli_reads_the_benches_record() {
+    let dir = std::env::temp_dir().join(format!("memwall-wall-record-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/configs/tiny-llama.json");
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture).expect("fixture")).expect("json");
+    let record = DecodeRecord {
+        model: "tiny-random".into(),
+        backend: "cpu::Fast".into(),
+        dtype: "bf16".into(),
+        batch: 1,
+        context: 16,
+        steps: 10,
+        tokens_per_s: 1000.0,
+        bytes_per_step: 4e6,
+        flops_per_step: 8e6,
+        peak_read_gb_s: 10.0,
+        estimated_peak_flops_per_s: Some(2e11),
+        config,
+    };
+    // Where the bench writes it: under the target directory.
+    let path = dir.join("target").join(memwall::wall::record::RECORD_FILE);
+    record.save(&path).expect("save");
+
+    let out = memwall_in(&["wall", "--json", "--device", "h200"], &dir.join("target"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).expect("json");
+    assert!(rows.len() > 1);
+    let last = rows.last().expect("a row");
+    assert_eq!(last["model"], "tiny-random");
+    assert_eq!(last["device_source"], "measured");
+    assert_eq!(last["bandwidth_bytes_per_s"], 10e9);
+    assert_eq!(last["context"], 16);
+    assert_eq!(last["achieved_tokens_per_s"], 1000.0);
+    assert!(rows[..rows.len() - 1].iter().all(|r| r["achieved_tokens_per_s"].is_null()));
+
+    // A --model filter that leaves it out; an explicit --record path; the text summary.
+    let rows = json_rows(&[
+        "wall",
+        "--json",
+        "--model",
+        "llama-3.1-8b",
+        "--device",
+        "h200",
+        "--record",
+        path.to_str().expect("utf-8"),
+    ]);
+    assert_eq!(rows.len(), 1);
+    let out = memwall(&[
+        "wall",
+        "--model",
+        "tiny-random",
+        "--device",
+        "h200",
+        "--record",
+        path.to_str().expect("utf-8"),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("decode tiny-random batch 1 context 16: 1000.00 tok/s = 40.0% of the wall 2500.00 tok/s at measured read peak 10.0 GB/s"),
+        "{text}"
+    );
+
+    // The roofline draws the record's point.
+    let svg = dir.join("roof.svg");
+    let out = memwall(&[
+        "wall",
+        "--model",
+        "llama-3.2-1b,tiny-random",
+        "--device",
+        "h200",
+        "--record",
+        path.to_str().expect("utf-8"),
+        "--svg",
+        svg.to_str().expect("utf-8"),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&svg).expect("svg");
+    assert!(text.contains("measured: tiny-random batch 1 on cpu::Fast"), "no measured point");
+
+    let missing = dir.join("none.json");
+    let out = memwall(&["wall", "--record", missing.to_str().expect("utf-8")]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does not exist"));
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+/// Measures this machine's read ceiling (a few seconds over at least 1 GiB); asserts only what
+/// does not depend on timing.
+#[test]
+fn cli_measures_this_machine() {
+    let svg = std::env::temp_dir().join(format!("memwall-wall-this-{}.svg", std::process::id()));
+    let rows = json_rows(&[
+        "wall",
+        "--json",
+        "--model",
+        "llama-3.2-1b",
+        "--device",
+        "this",
+        "--achieved-tok-s",
+        "1",
+        "--svg",
+        svg.to_str().expect("utf-8"),
+    ]);
+    assert_eq!(rows.len(), 1);
+    let r = &rows[0];
+    assert_eq!(r["device_source"], "measured");
+    assert!(r["device"].as_str().is_some_and(|d| d.starts_with("this machine (read ")), "{r}");
+    assert!(r["bandwidth_bytes_per_s"].as_f64().is_some_and(|b| b > 0.0));
+    assert!(r["peak_flops_per_s"].is_null() || r["peak_flops_per_s"].as_f64().is_some_and(|f| f > 0.0));
+    assert_eq!(r["achieved_tokens_per_s"], 1.0);
+    let text = std::fs::read_to_string(&svg).expect("svg");
+    assert!(
+        text.contains("Decode roofline on this machine") && text.contains("measured: llama-3.2-1b batch 1")
+    );
+    let _ = std::fs::remove_file(&svg);
 }

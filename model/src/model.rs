@@ -3,7 +3,8 @@
 use std::path::Path;
 use std::time::Instant;
 
-use memwall_runtime::{Backend, DType, Linear, Tensor, WeightScale};
+use memwall_runtime::cost::{self, ScaleLayout};
+use memwall_runtime::{Backend, DType, Linear, Tensor};
 
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
@@ -119,17 +120,21 @@ impl<B: Backend> Model<B> {
         let f32b = 4u64;
         let rows = s.rows as u64;
         let h = c.hidden_size as u64;
+        // Weight, scales and x read once (`memwall_runtime::cost`, the one place bytes are counted);
+        // activations are f32. Shapes come from loaded tensors, so the count cannot overflow; 0 if
+        // it somehow did.
+        let traffic = |w: &Linear<B::Storage>, m: u64| {
+            let (n, k) = (w.weight.shape()[0], w.weight.shape()[1]);
+            cost::linear_traffic(m as usize, n, k, w.weight.dtype(), ScaleLayout::of(&w.scale), DType::F32)
+                .unwrap_or_default()
+        };
         let linear_bytes = |w: &Linear<B::Storage>| -> u64 {
-            let scale = match &w.scale {
-                WeightScale::None | WeightScale::PerTensor(_) => 0,
-                WeightScale::PerChannel(t) => t.nbytes() as u64,
-                WeightScale::Block { scales, .. } => scales.nbytes() as u64,
-            };
-            w.weight.nbytes() as u64 + scale
+            let t = traffic(w, 0);
+            t.weight + t.scales
         };
         let linear = |w: &Linear<B::Storage>, m: u64| -> OpCost {
             let (n, k) = (w.weight.shape()[0] as u64, w.weight.shape()[1] as u64);
-            OpCost { bytes_read: linear_bytes(w) + m * k * f32b, flops: 2 * m * n * k }
+            OpCost { bytes_read: traffic(w, m).read(), flops: 2 * m * n * k }
         };
         match op {
             Op::Embedding { .. } => {

@@ -3,6 +3,7 @@
 //! (obvious loops, f64 accumulation, the oracle) and `cpu::Fast` (threads and SIMD, the default).
 
 pub mod backend;
+pub mod cost;
 pub mod cpu;
 pub mod dtype;
 pub mod error;

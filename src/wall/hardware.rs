@@ -17,6 +17,9 @@ const TB: f64 = 1e12;
 const GB: f64 = 1e9;
 const TFLOPS: f64 = 1e12;
 
+/// The `--device` key of the machine `memwall` runs on (its bandwidth measured, not looked up).
+pub const THIS_MACHINE: &str = "this";
+
 /// On-chip SRAM of a device, by level, in bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Sram {
@@ -101,6 +104,33 @@ impl Device {
             bandwidth,
             capacity: None,
             bf16_flops: None,
+            fp8_flops: None,
+            sram: None,
+            source: Source::Measured,
+        })
+    }
+
+    /// "This machine": the read bandwidth `memwall::peak` measured here (bytes/s) and, when known,
+    /// an estimated compute peak (`memwall::peak::FlopsEstimate`, f32 FMA, used for bf16 and fp8
+    /// alike since the CPU backends compute in f32). No capacity.
+    pub fn this_machine(read_bandwidth: f64, estimated_flops: Option<f64>) -> Result<Device, Error> {
+        check_bandwidth(read_bandwidth)?;
+        if let Some(f) = estimated_flops.filter(|f| !(f.is_finite() && *f > 0.0)) {
+            return Err(Error::InvalidArgument {
+                what: "estimated peak FLOP/s",
+                reason: format!("{f}: must be finite and positive"),
+            });
+        }
+        let flops = match estimated_flops {
+            Some(f) => format!(", {:.0} GFLOP/s estimated", f / 1e9),
+            None => String::new(),
+        };
+        Ok(Device {
+            key: THIS_MACHINE.to_string(),
+            name: format!("this machine (read {:.1} GB/s measured{flops})", read_bandwidth / GB),
+            bandwidth: read_bandwidth,
+            capacity: None,
+            bf16_flops: estimated_flops,
             fp8_flops: None,
             sram: None,
             source: Source::Measured,

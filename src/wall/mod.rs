@@ -14,6 +14,7 @@
 //!   and of a batch, the batch at which decode turns compute-bound, devices needed;
 //! - [`scenario`]: what SingleStream, Server and Offline imply for a request shape;
 //! - [`sram`]: chips needed to hold a model in on-chip SRAM, with units;
+//! - [`record`]: measured decode rates the benches record, for the report to compare;
 //! - [`report`]: the rows of `memwall wall` (text and JSON); [`roofline`]: its SVG picture.
 //!
 //! Byte figures are decimal (1 GB = 1e9 bytes), like the memory datasheets.
@@ -21,6 +22,7 @@
 pub mod count;
 pub mod estimate;
 pub mod hardware;
+pub mod record;
 pub mod report;
 pub mod roofline;
 pub mod scenario;
@@ -32,7 +34,8 @@ use memwall_model::ConfigError;
 
 pub use count::{StepBytes, StepFlops, WeightDtype};
 pub use estimate::{Bound, StepEstimate};
-pub use hardware::{Device, Source, Sram};
+pub use hardware::{Device, Source, Sram, THIS_MACHINE};
+pub use record::DecodeRecord;
 pub use report::{Model, WallRow};
 pub use scenario::{RequestShape, Scenario, ScenarioEstimate};
 

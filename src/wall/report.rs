@@ -114,6 +114,30 @@ pub struct WallRow {
     /// Devices needed to hold `memory_needed_bytes`; `null` when the capacity is unknown.
     pub devices_needed: Option<u64>,
     pub fits: Option<bool>,
+    /// A measured decode rate of the whole batch, tokens/s (`--achieved-tok-s`, or the benches'
+    /// record); `null` when none.
+    pub achieved_tokens_per_s: Option<f64>,
+    /// `achieved_tokens_per_s / batch_tokens_per_s`: the fraction of the wall achieved.
+    pub achieved_fraction_of_wall: Option<f64>,
+    /// The model-bandwidth utilisation: `bytes_per_step x achieved steps/s / bandwidth`.
+    pub bandwidth_utilisation: Option<f64>,
+}
+
+impl WallRow {
+    /// This row with a measured decode rate of the batch (tokens/s) beside its wall.
+    pub fn with_achieved(mut self, tokens_per_s: f64) -> Result<WallRow, Error> {
+        if !(tokens_per_s.is_finite() && tokens_per_s > 0.0) {
+            return Err(Error::InvalidArgument {
+                what: "achieved tokens/s",
+                reason: format!("{tokens_per_s}: must be finite and positive"),
+            });
+        }
+        let steps_per_s = tokens_per_s / self.batch as f64;
+        self.achieved_tokens_per_s = Some(tokens_per_s);
+        self.achieved_fraction_of_wall = Some(tokens_per_s / self.batch_tokens_per_s);
+        self.bandwidth_utilisation = Some(self.bytes_per_step * steps_per_s / self.bandwidth_bytes_per_s);
+        Ok(self)
+    }
 }
 
 /// Checks a batch and context against the model.
@@ -182,6 +206,9 @@ pub fn wall_row(
         capacity_bytes: device.capacity,
         devices_needed,
         fits: devices_needed.map(|n| n == 1),
+        achieved_tokens_per_s: None,
+        achieved_fraction_of_wall: None,
+        bandwidth_utilisation: None,
     })
 }
 
@@ -227,7 +254,8 @@ fn columns(header: &[&str], rows: &[Vec<String>], left: usize) -> String {
 
 /// The text table of `memwall wall`, with a legend.
 pub fn render_table(rows: &[WallRow]) -> String {
-    let header = [
+    let achieved = rows.iter().any(|r| r.achieved_tokens_per_s.is_some());
+    let mut header = vec![
         "model",
         "dtype",
         "device",
@@ -242,10 +270,13 @@ pub fn render_table(rows: &[WallRow]) -> String {
         "compute-bound at batch",
         "devices",
     ];
+    if achieved {
+        header.extend(["achieved tok/s", "% of wall", "bandwidth util."]);
+    }
     let cells: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
-            vec![
+            let mut cells = vec![
                 r.model.clone(),
                 r.dtype.to_string(),
                 r.device.clone(),
@@ -262,7 +293,17 @@ pub fn render_table(rows: &[WallRow]) -> String {
                 },
                 opt(r.compute_bound_batch, "never"),
                 opt(r.devices_needed, "?"),
-            ]
+            ];
+            if achieved {
+                let pct =
+                    |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{:.1}%", 100.0 * v));
+                cells.extend([
+                    r.achieved_tokens_per_s.map_or_else(|| "-".to_string(), |v| format!("{v:.2}")),
+                    pct(r.achieved_fraction_of_wall),
+                    pct(r.bandwidth_utilisation),
+                ]);
+            }
+            cells
         })
         .collect();
     let mut out = columns(&header, &cells, 3);
@@ -275,6 +316,12 @@ pub fn render_table(rows: &[WallRow]) -> String {
          step is compute-bound at this context.\ndevices: how many of the device hold the weights \
          and the batch's KV caches (the wall figures are for one).\n",
     );
+    if achieved {
+        out.push_str(
+            "achieved tok/s: a measured decode rate of the batch; % of wall: over batch tok/s; bandwidth \
+             util.: bytes per step x steps/s / bandwidth\n  (the model-bandwidth utilisation).\n",
+        );
+    }
     out
 }
 

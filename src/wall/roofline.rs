@@ -4,7 +4,9 @@
 //!
 //! A point's position is its step's intensity and the FLOP/s the roofline allows it
 //! (`FLOPs / max(bytes / bandwidth, FLOPs / peak)`), so every point sits on the roof: left of the
-//! ridge it is memory-bound, right of it compute-bound.
+//! ridge it is memory-bound, right of it compute-bound. Measured decode steps (a rate given with
+//! `--achieved-tok-s`, or recorded by `benches/decode.rs`) are drawn as filled marks at the FLOP/s
+//! they achieved, below the roof by the fraction of the wall they reached.
 
 use plotters::prelude::*;
 
@@ -31,6 +33,15 @@ const COLORS: [RGBColor; 8] = [
 
 /// A decode step on the roofline: (batch, FLOPs per byte, attainable FLOP/s).
 pub type DecodePoint = (u64, f64, f64);
+
+/// A measured decode step: its arithmetic intensity (FLOPs per byte read) and the FLOP/s it
+/// achieved (FLOPs per step x steps per second).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MeasuredPoint {
+    pub label: String,
+    pub intensity: f64,
+    pub flops_per_s: f64,
+}
 
 /// One model's decode points.
 pub fn decode_points(model: &Model, dtype: WeightDtype, device: &Device, context: u64) -> Vec<DecodePoint> {
@@ -63,7 +74,13 @@ fn si(v: f64) -> String {
 }
 
 /// The SVG text of the roofline of `models` in `dtype` on `device` at context `context`.
-pub fn svg(models: &[Model], dtype: WeightDtype, device: &Device, context: u64) -> Result<String, Error> {
+pub fn svg(
+    models: &[Model],
+    dtype: WeightDtype,
+    device: &Device,
+    context: u64,
+    measured: &[MeasuredPoint],
+) -> Result<String, Error> {
     if models.is_empty() {
         return Err(Error::Plot("no model to draw".into()));
     }
@@ -74,14 +91,24 @@ pub fn svg(models: &[Model], dtype: WeightDtype, device: &Device, context: u64) 
 
     // Axis ranges: every point, and the ridge with a decade on each side.
     let ridge = peak.map(|p| p / bw);
-    let xs = series.iter().flat_map(|(_, pts)| pts.iter().map(|p| p.1));
+    let measured: Vec<&MeasuredPoint> = measured
+        .iter()
+        .filter(|m| {
+            m.intensity.is_finite() && m.intensity > 0.0 && m.flops_per_s.is_finite() && m.flops_per_s > 0.0
+        })
+        .collect();
+    let xs = series
+        .iter()
+        .flat_map(|(_, pts)| pts.iter().map(|p| p.1))
+        .chain(measured.iter().map(|m| m.intensity));
     let (x_lo, x_hi) = xs.fold((f64::INFINITY, 0.0_f64), |(lo, hi), x| (lo.min(x), hi.max(x)));
     let x_lo = 10f64.powf((x_lo / 2.0).log10().floor());
     // Room right of the ridge for the flat roof and its label.
     let x_hi = 10f64.powf((x_hi * 3.0).max(ridge.unwrap_or(0.0) * 20.0).log10().ceil());
     let y_hi_data =
         peak.unwrap_or_else(|| series.iter().flat_map(|(_, p)| p.iter().map(|q| q.2)).fold(0.0, f64::max));
-    let y_lo = 10f64.powf((x_lo * bw).log10().floor());
+    let y_lo_data = measured.iter().map(|m| m.flops_per_s / 2.0).fold(x_lo * bw, f64::min);
+    let y_lo = 10f64.powf(y_lo_data.log10().floor());
     // Headroom above the roof for the note and the roof's label.
     let y_hi = 10f64.powf((y_hi_data * 30.0).log10().ceil());
     if !(x_lo.is_finite() && x_hi > x_lo && y_lo.is_finite() && y_hi > y_lo) {
@@ -101,11 +128,16 @@ pub fn svg(models: &[Model], dtype: WeightDtype, device: &Device, context: u64) 
             }
             None => "compute peak unknown".to_string(),
         };
+        // This machine's name carries its figures; the caption states them once, with their origin.
+        let (name, bw_origin, peak_origin) = if device.key == super::THIS_MACHINE {
+            ("this machine", " (measured read)", " (estimated)")
+        } else {
+            (device.name.as_str(), "", "")
+        };
         let caption = format!(
-            "Decode roofline on {}: {}B/s memory, {} ({} weights, context {context} tokens)",
-            device.name,
+            "Decode roofline on {name}: {}B/s memory{bw_origin}, {peak_text}{peak_origin} ({} weights, context \
+             {context} tokens)",
             si(bw),
-            peak_text,
             dtype.name()
         );
         let mut chart = ChartBuilder::on(&root)
@@ -208,6 +240,23 @@ pub fn svg(models: &[Model], dtype: WeightDtype, device: &Device, context: u64) 
                     )))
                     .map_err(|e| plot(&e))?;
             }
+        }
+        // Measured steps: filled, below the roof by the fraction of the wall they reached.
+        let red = RGBColor(200, 0, 0);
+        for m in &measured {
+            let at = (m.intensity, m.flops_per_s);
+            chart
+                .draw_series(std::iter::once(TriangleMarker::new(at, 8, red.filled())))
+                .map_err(|e| plot(&e))?
+                .label(format!("measured: {}", m.label))
+                .legend(move |(x, y)| TriangleMarker::new((x + 10, y), 6, red.filled()));
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    format!("measured {}FLOP/s", si(m.flops_per_s)),
+                    (m.intensity * 1.15, m.flops_per_s / 1.6),
+                    ("sans-serif", 13).into_font().color(&red),
+                )))
+                .map_err(|e| plot(&e))?;
         }
         chart
             .draw_series(std::iter::once(Text::new(

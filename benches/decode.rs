@@ -1,0 +1,271 @@
+//! Decode at the memory wall, measured (`cargo bench --bench decode`): batch-1 greedy decode of a
+//! Llama-3.1-shaped checkpoint with random bf16 weights on the default backend (`cpu::Fast`)
+//! through `memwall::model::Session`, against the read ceiling measured in the same run.
+//!
+//! 1. Writes the checkpoint (config.json and one safetensors file, with the `safetensors` crate,
+//!    each tensor generated as it is written) into a temporary directory: hidden 2048, 12 layers,
+//!    intermediate 8192, vocab 32000, 32 query and 8 KV heads, untied lm_head: about 0.86 B
+//!    parameters, 1.7 GB, well over 3x the last-level cache of any CPU this runs on, so every step
+//!    reads its weights from memory.
+//! 2. Measures the read peak (`memwall::peak`, read kernel, all threads, best of 5 passes over
+//!    max(3 x LLC, 1 GiB)) before and after the decode; the higher of the two is the peak.
+//! 3. Prefills a prompt of `PROMPT` random tokens, then times decode steps in criterion's
+//!    `iter_custom` (one step = one token), each step at the next position; positions wrap within
+//!    `WINDOW` so the context stays near `PROMPT`. Bytes and FLOPs per step come from the model's
+//!    op list (`Session::last_step_cost`, i.e. `OpCost`), averaged over the timed steps.
+//! 4. Prints `decode <model> batch 1 context <L>: <tok/s> tok/s = <pct>% of the wall <wall> tok/s
+//!    at measured read peak <peak> GB/s` (tokens/s from the median step, robust on a shared
+//!    machine) and writes the record `memwall wall` reads (`target/memwall/decode.json`, see
+//!    `memwall::wall::record`).
+//!
+//! Under `cargo test --benches` (`--test`) it runs a tiny model once and writes no record.
+
+use std::borrow::Cow;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, SamplingMode, Throughput};
+use memwall::model::graph::OpCost;
+use memwall::model::session::Row;
+use memwall::model::{Model, ModelConfig, Session, SessionOptions};
+use memwall::peak::{self, Kernel, StreamBuffers};
+use memwall::runtime::{DType, SamplingParams};
+use memwall::wall::DecodeRecord;
+use rayon::prelude::*;
+use safetensors::tensor::{Dtype, View};
+use serde_json::{Value, json};
+
+/// Tokens in the prompt: the context the decode steps start from.
+const PROMPT: usize = 64;
+/// Decode positions cycle over `PROMPT..PROMPT + WINDOW`.
+const WINDOW: usize = 32;
+const MODEL_NAME: &str = "llama-3.1-shaped-0.86b-random";
+
+fn config(test_mode: bool) -> Value {
+    let (hidden, inter, layers, heads, kv_heads, vocab) =
+        if test_mode { (256, 512, 2, 4, 2, 1000) } else { (2048, 8192, 12, 32, 8, 32000) };
+    json!({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+        "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "num_key_value_heads": kv_heads, "vocab_size": vocab,
+        "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+        "tie_word_embeddings": false, "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2
+    })
+}
+
+/// A bf16 tensor whose bytes are generated when the writer asks for them: uniform in
+/// `[-scale, scale)` plus `offset`, from a hash of the element index and the tensor's seed.
+struct RandomBf16 {
+    shape: Vec<usize>,
+    seed: u64,
+    scale: f32,
+    offset: f32,
+}
+
+fn mix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+impl View for RandomBf16 {
+    fn dtype(&self) -> Dtype {
+        Dtype::BF16
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        let n: usize = self.shape.iter().product();
+        let mut out = vec![0u8; 2 * n];
+        let seed = mix64(self.seed);
+        out.par_chunks_mut(1 << 16).enumerate().for_each(|(c, chunk)| {
+            for (i, b) in chunk.chunks_exact_mut(2).enumerate() {
+                let h = mix64(seed ^ ((c << 15) + i) as u64);
+                let u = (h >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+                b.copy_from_slice(&half::bf16::from_f32(self.offset + self.scale * u).to_le_bytes());
+            }
+        });
+        Cow::Owned(out)
+    }
+    fn data_len(&self) -> usize {
+        2 * self.shape.iter().product::<usize>()
+    }
+}
+
+/// A directory removed on drop.
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Writes `config.json` and `model.safetensors` (random bf16) into a fresh directory.
+fn write_checkpoint(cfg: &Value) -> TempDir {
+    let dir = TempDir(std::env::temp_dir().join(format!("memwall-decode-bench-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&dir.0);
+    std::fs::create_dir_all(&dir.0).expect("create the checkpoint directory");
+    std::fs::write(dir.0.join("config.json"), cfg.to_string()).expect("write config.json");
+    let c = ModelConfig::from_json(cfg).expect("a valid config");
+    let tensors = memwall::model::weights::needed(&c).into_iter().enumerate().map(|(i, (name, kind))| {
+        let view = match kind {
+            memwall::model::weights::Kind::Matrix { n, k } => {
+                let scale = if name.contains("embed") { 1.0 } else { 1.0 / (k as f32).sqrt() };
+                RandomBf16 { shape: vec![n, k], seed: i as u64, scale, offset: 0.0 }
+            }
+            memwall::model::weights::Kind::Vector { n } => {
+                RandomBf16 { shape: vec![n], seed: i as u64, scale: 0.2, offset: 1.0 }
+            }
+        };
+        (name, view)
+    });
+    safetensors::serialize_to_file(tensors, None, &dir.0.join("model.safetensors"))
+        .expect("write model.safetensors");
+    dir
+}
+
+/// The best of `passes` read passes on all threads, GB/s.
+fn read_peak(working_set: u64, passes: usize) -> f64 {
+    let mut buf = StreamBuffers::new(working_set).expect("allocate the peak working set");
+    buf.measure(Kernel::Read, peak::max_threads(), passes).expect("read peak").gb_per_s
+}
+
+/// What the timed steps leave behind.
+#[derive(Default)]
+struct Steps {
+    times: Vec<Duration>,
+    cost: Vec<OpCost>,
+    positions: Vec<u32>,
+}
+
+fn main() {
+    let started = Instant::now();
+    let test_mode = std::env::args().any(|a| a == "--test");
+    let mut c = Criterion::default()
+        .without_plots()
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(8))
+        .configure_from_args();
+
+    let cfg = config(test_mode);
+    let name = if test_mode { "tiny-llama-random" } else { MODEL_NAME };
+    let dir = write_checkpoint(&cfg);
+    let weight_bytes = std::fs::metadata(dir.0.join("model.safetensors")).map_or(0, |m| m.len());
+    let llc = peak::llc_bytes();
+    let working_set = peak::working_set_for(llc);
+    println!(
+        "checkpoint: {name}, {:.2} GB of bf16 weights ({:.1}x the {} last-level cache), written in {:.1} s",
+        weight_bytes as f64 / 1e9,
+        llc.map_or(f64::NAN, |l| weight_bytes as f64 / l as f64),
+        llc.map_or("unknown".to_string(), |l| format!("{} MiB", l >> 20)),
+        started.elapsed().as_secs_f64()
+    );
+
+    let peak_before = if test_mode { 1.0 } else { read_peak(working_set, 5) };
+
+    let model =
+        Model::load(memwall::default_backend(), &dir.0, |_, _| {}).expect("load the random checkpoint");
+    let mut session = Session::new(
+        &model,
+        SessionOptions { max_batch: 1, capacity: PROMPT + WINDOW, cache_dtype: DType::BF16 },
+    )
+    .expect("a session");
+    let vocab = model.config.vocab_size as u32;
+    let prompt: Vec<Row> = (0..PROMPT as u32)
+        .map(|p| Row { token: (mix64(p as u64) % vocab as u64) as u32, slot: 0, pos: p })
+        .collect();
+    let greedy = SamplingParams::GREEDY;
+    let t = Instant::now();
+    let first = session.step(&prompt, &[PROMPT as u32 - 1], false, false, (&greedy, 0, 0)).expect("prefill");
+    println!("prefill: {PROMPT} tokens in {:.2} s", t.elapsed().as_secs_f64());
+
+    let steps = Mutex::new(Steps::default());
+    let mut token = first.tokens[0];
+    let mut pos = PROMPT as u32;
+    let mut step_no = 1u64;
+    {
+        let mut group = c.benchmark_group("decode");
+        group.sampling_mode(SamplingMode::Flat).throughput(Throughput::Elements(1));
+        group.bench_function(format!("{name}/batch1/context{PROMPT}"), |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let rows = [Row { token, slot: 0, pos }];
+                    let t = Instant::now();
+                    let out =
+                        session.step(&rows, &[0], false, false, (&greedy, 0, step_no)).expect("decode step");
+                    let dt = t.elapsed();
+                    total += dt;
+                    let mut s = steps.lock().unwrap_or_else(|e| e.into_inner());
+                    s.times.push(dt);
+                    s.cost.push(session.last_step_cost().unwrap_or_default());
+                    s.positions.push(pos);
+                    token = out.tokens[0];
+                    step_no += 1;
+                    pos = if pos as usize + 1 >= PROMPT + WINDOW { PROMPT as u32 } else { pos + 1 };
+                }
+                total
+            });
+        });
+        group.finish();
+    }
+    drop(session);
+    drop(model);
+
+    let peak_after = if test_mode { 1.0 } else { read_peak(working_set, 5) };
+    let peak_gb_s = peak_before.max(peak_after);
+
+    let steps = steps.into_inner().unwrap_or_else(|e| e.into_inner());
+    let n = steps.times.len();
+    if n == 0 {
+        println!("decode: no step was timed");
+        return;
+    }
+    let mut sorted = steps.times.clone();
+    sorted.sort();
+    let median = sorted[n / 2].as_secs_f64();
+    let mean = |f: &dyn Fn(&OpCost) -> u64| steps.cost.iter().map(|c| f(c) as f64).sum::<f64>() / n as f64;
+    // Tokens in the KV cache before each step: its position.
+    let context = (steps.positions.iter().map(|&p| p as f64).sum::<f64>() / n as f64).round() as u64;
+    let record = DecodeRecord {
+        model: name.to_string(),
+        backend: "cpu::Fast".to_string(),
+        dtype: "bf16".to_string(),
+        batch: 1,
+        context,
+        steps: n as u64,
+        tokens_per_s: 1.0 / median,
+        bytes_per_step: mean(&|c| c.bytes_read),
+        flops_per_step: mean(&|c| c.flops),
+        peak_read_gb_s: peak_gb_s,
+        estimated_peak_flops_per_s: peak::estimate_peak_flops().map(|f| f.flops_per_s),
+        config: cfg,
+    };
+    println!(
+        "read peak: {peak_before:.2} GB/s before, {peak_after:.2} GB/s after the decode; {n} steps timed, \
+         median {:.1} ms, fastest {:.1} ms; {:.3} GB and {:.2} GFLOP per step (op list)",
+        median * 1e3,
+        sorted[0].as_secs_f64() * 1e3,
+        record.bytes_per_step / 1e9,
+        record.flops_per_step / 1e9
+    );
+    if test_mode {
+        println!("test mode: a tiny model, no read peak measured, nothing recorded");
+        return;
+    }
+    println!("{}", record.summary());
+    if record.bandwidth_utilisation() > 1.0 {
+        println!("  above the measured read peak: a bench bug, or a read kernel that is not the ceiling");
+    }
+    let path = memwall::wall::record::default_path();
+    match record.save(&path) {
+        Ok(()) => println!("recorded in {} (memwall wall shows it)", path.display()),
+        Err(e) => println!("could not write the record: {e}"),
+    }
+    println!("total {:.0} s", started.elapsed().as_secs_f64());
+}

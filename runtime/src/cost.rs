@@ -1,0 +1,170 @@
+//! Bytes each op moves through memory, from shapes and element sizes only: the one place benches,
+//! the memory-wall report and the model's op list (`OpCost`) count them. Decimal GB/s figures
+//! divide these.
+//!
+//! The count is the minimum traffic an op needs: every input byte read once and every output byte
+//! written once. A kernel that reads a weight twice moves more, and shows as a lower GB/s.
+
+use crate::{DType, Error, Result, Storage, WeightScale};
+
+/// How a weight's scales are stored, as far as bytes go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScaleLayout {
+    /// No scale.
+    None,
+    /// One scale passed by value with the op: no memory traffic.
+    PerTensor,
+    /// One scale of `dtype` per output row.
+    PerChannel(DType),
+    /// One scale of `dtype` per `block_rows x block_cols` block.
+    Block { block_rows: usize, block_cols: usize, dtype: DType },
+}
+
+impl ScaleLayout {
+    /// The layout of a weight's scale.
+    pub fn of<S: Storage>(scale: &WeightScale<S>) -> ScaleLayout {
+        match scale {
+            WeightScale::None => ScaleLayout::None,
+            WeightScale::PerTensor(_) => ScaleLayout::PerTensor,
+            WeightScale::PerChannel(s) => ScaleLayout::PerChannel(s.dtype()),
+            WeightScale::Block { block_rows, block_cols, scales } => {
+                ScaleLayout::Block { block_rows: *block_rows, block_cols: *block_cols, dtype: scales.dtype() }
+            }
+        }
+    }
+
+    /// Bytes of the scales of an `[n, k]` weight; `None` on overflow or a zero-sized block.
+    pub fn bytes(self, n: usize, k: usize) -> Option<u64> {
+        let (count, dtype) = match self {
+            ScaleLayout::None | ScaleLayout::PerTensor => return Some(0),
+            ScaleLayout::PerChannel(dtype) => (n as u64, dtype),
+            ScaleLayout::Block { block_rows, block_cols, dtype } => {
+                if block_rows == 0 || block_cols == 0 {
+                    return None;
+                }
+                ((n.div_ceil(block_rows) as u64).checked_mul(k.div_ceil(block_cols) as u64)?, dtype)
+            }
+        };
+        count.checked_mul(dtype.size() as u64)
+    }
+}
+
+/// The traffic of a linear layer `y[m, n] = x[m, k] . W[n, k]^T`, by operand: the weight and its
+/// scales read once, `x` read once, `y` written once.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LinearBytes {
+    pub weight: u64,
+    pub scales: u64,
+    pub x: u64,
+    pub y: u64,
+}
+
+impl LinearBytes {
+    /// Bytes read: weight, scales and `x` (what the model's `OpCost::bytes_read` counts).
+    pub fn read(&self) -> u64 {
+        self.weight + self.scales + self.x
+    }
+
+    /// Bytes read and written (what a GEMV bench divides by its time).
+    pub fn total(&self) -> u64 {
+        self.read() + self.y
+    }
+}
+
+/// The traffic of a linear layer `y[m, n] = x[m, k] . W[n, k]^T` with a weight of `weight`
+/// elements scaled as `scale`, and `x`, `y` of dtype `act`. An error if a count overflows `u64`
+/// (so `read()` and `total()` cannot overflow either) or a block scale is zero-sized.
+pub fn linear_traffic(
+    m: usize,
+    n: usize,
+    k: usize,
+    weight: DType,
+    scale: ScaleLayout,
+    act: DType,
+) -> Result<LinearBytes> {
+    let (m64, n64, k64) = (m as u64, n as u64, k as u64);
+    let counted = (|| {
+        let b = LinearBytes {
+            weight: n64.checked_mul(k64)?.checked_mul(weight.size() as u64)?,
+            scales: scale.bytes(n, k)?,
+            x: m64.checked_mul(k64)?.checked_mul(act.size() as u64)?,
+            y: m64.checked_mul(n64)?.checked_mul(act.size() as u64)?,
+        };
+        b.weight.checked_add(b.scales)?.checked_add(b.x)?.checked_add(b.y)?;
+        Some(b)
+    })();
+    counted.ok_or_else(|| Error::ShapeOverflow { shape: vec![m, n, k] })
+}
+
+/// Bytes a linear layer `y[m, n] = x[m, k] . W[n, k]^T` moves: the weight (`weight` elements) and
+/// its scales read once, `x` read once and `y` written once (both of dtype `act`). For a GEMV
+/// (`m = 1`) the weight is nearly all of it.
+pub fn linear_bytes(
+    m: usize,
+    n: usize,
+    k: usize,
+    weight: DType,
+    scale: ScaleLayout,
+    act: DType,
+) -> Result<u64> {
+    linear_traffic(m, n, k, weight, scale, act).map(|b| b.total())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gemv_bytes_at_llama_shapes() {
+        // bf16 4096x4096, f32 x and y: 32 MiB of weight + 16 KiB + 16 KiB.
+        let b = linear_bytes(1, 4096, 4096, DType::BF16, ScaleLayout::None, DType::F32);
+        assert_eq!(b, Ok(4096 * 4096 * 2 + 4096 * 4 + 4096 * 4));
+        // fp8 28672x4096 with per-channel f32 scales.
+        let b =
+            linear_bytes(1, 28672, 4096, DType::F8E4M3Fn, ScaleLayout::PerChannel(DType::F32), DType::F32);
+        assert_eq!(b, Ok(28672 * 4096 + 28672 * 4 + 4096 * 4 + 28672 * 4));
+        // The down projection is wide: x is the long side.
+        let b = linear_bytes(1, 4096, 14336, DType::BF16, ScaleLayout::PerTensor, DType::BF16);
+        assert_eq!(b, Ok(4096 * 14336 * 2 + 14336 * 2 + 4096 * 2));
+    }
+
+    #[test]
+    fn batched_rows_read_the_weight_once() {
+        let one = linear_bytes(1, 100, 30, DType::F16, ScaleLayout::None, DType::F32).expect("fits");
+        let eight = linear_bytes(8, 100, 30, DType::F16, ScaleLayout::None, DType::F32).expect("fits");
+        assert_eq!(eight - one, 7 * (30 + 100) * 4);
+    }
+
+    #[test]
+    fn block_scales_round_up() {
+        let s = ScaleLayout::Block { block_rows: 128, block_cols: 128, dtype: DType::F32 };
+        assert_eq!(s.bytes(129, 256), Some(2 * 2 * 4));
+        let s = ScaleLayout::Block { block_rows: 0, block_cols: 128, dtype: DType::F32 };
+        assert_eq!(s.bytes(129, 256), None);
+        assert!(linear_bytes(1, 129, 256, DType::F8E4M3Fn, s, DType::F32).is_err());
+        assert_eq!(ScaleLayout::PerChannel(DType::BF16).bytes(10, 3), Some(20));
+        assert_eq!(ScaleLayout::PerTensor.bytes(10, 3), Some(0));
+    }
+
+    #[test]
+    fn overflow_is_an_error() {
+        let r = linear_bytes(1, usize::MAX, usize::MAX, DType::F32, ScaleLayout::None, DType::F32);
+        assert!(matches!(r, Err(Error::ShapeOverflow { .. })));
+    }
+
+    #[test]
+    fn layout_of_a_weight_scale() {
+        use crate::HostStorage;
+        assert_eq!(ScaleLayout::of::<HostStorage>(&WeightScale::None), ScaleLayout::None);
+        assert_eq!(ScaleLayout::of::<HostStorage>(&WeightScale::PerTensor(0.5)), ScaleLayout::PerTensor);
+    }
+
+    #[test]
+    fn read_is_total_less_the_output() {
+        let b = linear_traffic(3, 10, 7, DType::BF16, ScaleLayout::PerChannel(DType::F32), DType::F32)
+            .expect("fits");
+        assert_eq!(b, LinearBytes { weight: 140, scales: 40, x: 84, y: 120 });
+        assert_eq!(b.read(), 264);
+        assert_eq!(b.total(), 384);
+    }
+}
