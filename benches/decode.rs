@@ -181,13 +181,14 @@ fn main() {
         .collect();
     let greedy = SamplingParams::GREEDY;
     let t = Instant::now();
-    let first = session.step(&prompt, &[PROMPT as u32 - 1], false, false, (&greedy, 0, 0)).expect("prefill");
+    let first =
+        session.step(&prompt, &[PROMPT as u32 - 1], false, false, (&greedy, &[0], &[0])).expect("prefill");
     println!("prefill: {PROMPT} tokens in {:.2} s", t.elapsed().as_secs_f64());
 
     let steps = Mutex::new(Steps::default());
     let mut token = first.tokens[0];
     let mut pos = PROMPT as u32;
-    let mut step_no = 1u64;
+    let mut step_no = 1u32;
     {
         let mut group = c.benchmark_group("decode");
         group.sampling_mode(SamplingMode::Flat).throughput(Throughput::Elements(1));
@@ -197,8 +198,9 @@ fn main() {
                 for _ in 0..iters {
                     let rows = [Row { token, slot: 0, pos }];
                     let t = Instant::now();
-                    let out =
-                        session.step(&rows, &[0], false, false, (&greedy, 0, step_no)).expect("decode step");
+                    let out = session
+                        .step(&rows, &[0], false, false, (&greedy, &[0], &[step_no]))
+                        .expect("decode step");
                     let dt = t.elapsed();
                     total += dt;
                     let mut s = steps.lock().unwrap_or_else(|e| e.into_inner());
