@@ -55,3 +55,14 @@ pub(crate) fn check_cache_rows(
     }
     Ok(())
 }
+
+/// `IndexOutOfRange` for the first index that is not a row of the full tensor: the
+/// data-dependent check of `gather_rows` and `scatter_add_rows`, made before anything is written.
+pub(crate) fn check_indices(op: &'static str, idx: &[u32], len: usize) -> Result<()> {
+    for (row, &index) in idx.iter().enumerate() {
+        if index as usize >= len {
+            return Err(Error::IndexOutOfRange { op, row, index, len });
+        }
+    }
+    Ok(())
+}

@@ -322,15 +322,6 @@ fn sample_row(row: &[f32], params: &SamplingParams, u: f64, p: &mut [f64], order
     cand.last().copied().unwrap_or(0)
 }
 
-fn check_indices(op: &'static str, idx: &[u32], len: usize) -> Result<()> {
-    for (row, &index) in idx.iter().enumerate() {
-        if index as usize >= len {
-            return Err(Error::IndexOutOfRange { op, row, index, len });
-        }
-    }
-    Ok(())
-}
-
 /// `out[i] = src[idx[i]]`.
 pub(crate) fn gather_rows(
     fast: &Fast,
@@ -341,7 +332,7 @@ pub(crate) fn gather_rows(
 ) -> Result<()> {
     let op = "gather_rows";
     let idx = idx.as_slice::<u32>();
-    check_indices(op, idx, d.rows)?;
+    crate::cpu::check_indices(op, idx, d.rows)?;
     let src = src.as_slice::<f32>();
     let out = out.as_mut_slice::<f32>(op, "out")?;
     fast.for_each_chunk(out, d.cols, d.picked * d.cols, |i, o| {
@@ -362,7 +353,7 @@ pub(crate) fn scatter_add_rows(
 ) -> Result<()> {
     let op = "scatter_add_rows";
     let idx = idx.as_slice::<u32>();
-    check_indices(op, idx, d.rows)?;
+    crate::cpu::check_indices(op, idx, d.rows)?;
     let (src, weights) = (src.as_slice::<f32>(), weights.as_slice::<f32>());
     let dst = dst.as_mut_slice::<f32>(op, "dst")?;
     let cols = d.cols;

@@ -2,17 +2,7 @@
 
 use super::values::{indices, store, widen};
 use crate::ops::GatherDims;
-use crate::{Error, HostTensor, Result};
-
-/// `IndexOutOfRange` for the first index that is not a row of the full tensor.
-fn check_indices(op: &'static str, idx: &[u32], rows: usize) -> Result<()> {
-    for (row, &index) in idx.iter().enumerate() {
-        if index as usize >= rows {
-            return Err(Error::IndexOutOfRange { op, row, index, len: rows });
-        }
-    }
-    Ok(())
-}
+use crate::{HostTensor, Result};
 
 /// `out[i] = src[idx[i]]`.
 pub(super) fn gather_rows(
@@ -23,7 +13,7 @@ pub(super) fn gather_rows(
 ) -> Result<()> {
     let op = "gather_rows";
     let idx = indices(op, "idx", idx)?;
-    check_indices(op, idx, d.rows)?;
+    crate::cpu::check_indices(op, idx, d.rows)?;
     let src = widen(op, "src", src)?;
     let mut v = vec![0.0; d.picked * d.cols];
     for i in 0..d.picked {
@@ -46,7 +36,7 @@ pub(super) fn scatter_add_rows(
 ) -> Result<()> {
     let op = "scatter_add_rows";
     let idx = indices(op, "idx", idx)?;
-    check_indices(op, idx, d.rows)?;
+    crate::cpu::check_indices(op, idx, d.rows)?;
     let src = widen(op, "src", src)?;
     let weights = widen(op, "weights", weights)?;
     let mut v = widen(op, "dst", dst)?;
