@@ -46,6 +46,9 @@ pub enum Error {
     #[error("{device}: out of memory allocating {bytes} bytes: {reason}")]
     OutOfMemory { device: String, bytes: usize, reason: String },
 
+    #[error("{device}: {msg}")]
+    Device { device: String, msg: String },
+
     #[error("{backend}: operation {op} is not supported: {reason}")]
     Unsupported { backend: &'static str, op: &'static str, reason: String },
 }

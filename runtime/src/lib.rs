@@ -8,6 +8,7 @@ pub mod cpu;
 pub mod dtype;
 pub mod error;
 pub mod fp8;
+pub mod gpu;
 pub mod ops;
 pub mod tensor;
 

@@ -10,6 +10,8 @@
 
 #![allow(dead_code)]
 
+pub mod gpu;
+
 use memwall_runtime::{Backend, DType, Float, Tensor, with_float_type};
 
 // ---------------------------------------------------------------------------------------------

@@ -1,0 +1,220 @@
+// common.cuh: the one header every kernel file of kernels-cuda/ includes first.
+//
+// It makes one source compile three ways:
+// - nvcc (fatbins for every target, build.rs) and NVRTC (at first use, when no nvcc was found at
+//   build time): the CUDA built-ins are native;
+// - host C++ with MEMWALL_SIMT defined (the `emulate` feature): simt/simt.h supplies the built-ins
+//   (threadIdx, __syncthreads, warp shuffles, atomics, ...) and runs each block's threads as
+//   fibers, so CI runs these kernels without a GPU.
+//
+// It defines:
+// - MW_KERNEL(name, Params) / MW_KERNEL_BOUNDS(name, Params, max_threads): a kernel taking its
+//   params struct by value as `p`; `extern "C"` so the runtime finds it by name.
+// - MW_DYNAMIC_SHARED(T, name): a T* to the block's dynamic shared memory (16-byte aligned).
+// - MW_WARP: threads per warp, a compile-time constant per target (32 on NVIDIA; 64 on CDNA for the
+//   HIP build). Never write a literal 32.
+// - the storage types bf16, f16, e4m3fn, e4m3fnuz, e5m2, e5m2fnuz (raw bits; the fp8 flavour is
+//   part of the type because the same byte means different numbers) and exact conversions
+//   mw::to_f32(x), mw::from_f32<T>(f) (round to nearest even; fp8 saturating, as the runtime).
+// - warp and block reductions, and mw::report for data-dependent errors (the status word of
+//   runtime/src/gpu/status.rs).
+#pragma once
+
+#if defined(MEMWALL_SIMT)
+#include "../simt/simt.h"
+#elif defined(__CUDACC_RTC__)
+// NVRTC has no C library headers.
+typedef unsigned char uint8_t;
+typedef unsigned short uint16_t;
+typedef unsigned int uint32_t;
+typedef unsigned long long uint64_t;
+typedef signed char int8_t;
+typedef int int32_t;
+typedef long long int64_t;
+#else
+#include <stdint.h>
+#endif
+
+#ifndef MW_WARP
+#define MW_WARP 32
+#endif
+
+#if MW_WARP == 64
+typedef unsigned long long mw_lanemask;
+#define MW_FULL_MASK 0xffffffffffffffffull
+#else
+typedef unsigned int mw_lanemask;
+#define MW_FULL_MASK 0xffffffffu
+#endif
+
+#define MW_DEV __device__ __forceinline__
+
+#if defined(MEMWALL_SIMT)
+#define MW_KERNEL_BOUNDS(name, Params, max_threads)                                                  \
+    static void name##_mw_body(const Params p);                                                      \
+    static const ::mw_simt::Registrar name##_mw_registrar(                                           \
+        #name, sizeof(Params), (max_threads), [](const void* raw) {                                  \
+            Params copy;                                                                             \
+            memcpy(&copy, raw, sizeof(Params));                                                      \
+            name##_mw_body(copy);                                                                    \
+        });                                                                                          \
+    static void name##_mw_body(const Params p)
+#define MW_KERNEL(name, Params) MW_KERNEL_BOUNDS(name, Params, 0)
+#define MW_DYNAMIC_SHARED(T, name) T* name = reinterpret_cast<T*>(::mw_simt::dynamic_shared())
+// Registers each field's offset and size so a Rust test checks its mirror of the struct.
+#define MW_LAYOUT(Struct, ...) MW_SIMT_LAYOUT(Struct, __VA_ARGS__)
+#else
+#define MW_KERNEL_BOUNDS(name, Params, max_threads)                                                  \
+    extern "C" __global__ void __launch_bounds__(max_threads) name(const Params p)
+#define MW_KERNEL(name, Params) extern "C" __global__ void name(const Params p)
+#define MW_DYNAMIC_SHARED(T, name)                                                                   \
+    extern __shared__ __align__(16) unsigned char mw_dynamic_smem[];                                 \
+    T* name = reinterpret_cast<T*>(mw_dynamic_smem)
+#define MW_LAYOUT(Struct, ...)
+#endif
+
+// Status codes: mirrored in runtime/src/gpu/status.rs.
+#define MW_TOKEN_OUT_OF_RANGE 1u
+#define MW_SLOT_OUT_OF_RANGE 2u
+#define MW_CONTEXT_OVERFLOW 3u
+#define MW_INDEX_OUT_OF_RANGE 4u
+#define MW_OP_EMBEDDING 1u
+#define MW_OP_KV_STORE 2u
+#define MW_OP_ATTENTION 3u
+#define MW_OP_GATHER_ROWS 4u
+#define MW_OP_SCATTER_ADD_ROWS 5u
+
+// Element storage types: raw bits.
+struct bf16 { uint16_t bits; };
+struct f16 { uint16_t bits; };
+struct e4m3fn { uint8_t bits; };
+struct e4m3fnuz { uint8_t bits; };
+struct e5m2 { uint8_t bits; };
+struct e5m2fnuz { uint8_t bits; };
+
+namespace mw {
+
+// ---- conversions -----------------------------------------------------------------------------
+
+MW_DEV float to_f32(float x) { return x; }
+MW_DEV float to_f32(bf16 x) { return __uint_as_float(uint32_t(x.bits) << 16); }
+
+MW_DEV float to_f32(f16 x) {
+#if defined(__CUDA_ARCH__)
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
+    return f;
+#else
+    // Exact: the 10 mantissa and 5 exponent bits move into an f32, then one multiplication by a
+    // power of two rebiases (2^(127-15)); subnormals come out right because f32 keeps them.
+    uint32_t h = x.bits;
+    uint32_t sign = (h & 0x8000u) << 16;
+    uint32_t em = h & 0x7fffu;
+    if (em >= 0x7c00u) return __uint_as_float(sign | 0x7f800000u | ((em & 0x3ffu) << 13));
+    return __uint_as_float(sign | __float_as_uint(__uint_as_float(em << 13) * 5.192296858534828e33f));
+#endif
+}
+
+// fp8: the 7 magnitude bits shifted into an f32 (exponent bits onto its low exponent bits,
+// mantissa onto its top mantissa bits), times 2^(127 - bias): exact for normals and subnormals.
+// 0x1p120f = 2^120 (e4m3fn, bias 7), 2^119 (e4m3fnuz, bias 8), 2^112 (e5m2), 2^111 (e5m2fnuz).
+MW_DEV float fp8_magnitude(uint32_t bits7, int shift, float rebias) {
+    return __uint_as_float(bits7 << shift) * rebias;
+}
+MW_DEV float with_sign(uint8_t b, float mag) { return __uint_as_float(__float_as_uint(mag) | (uint32_t(b & 0x80u) << 24)); }
+
+MW_DEV float to_f32(e4m3fn x) {
+    uint32_t m = x.bits & 0x7fu;
+    if (m == 0x7fu) return __uint_as_float(0x7fc00000u);  // S.1111.111 is NaN; no infinities
+    return with_sign(x.bits, fp8_magnitude(m, 20, 1.329227995784916e36f /* 2^120 */));
+}
+MW_DEV float to_f32(e4m3fnuz x) {
+    if (x.bits == 0x80u) return __uint_as_float(0x7fc00000u);  // the one NaN; no -0
+    return with_sign(x.bits, fp8_magnitude(x.bits & 0x7fu, 20, 6.64613997892458e35f /* 2^119 */));
+}
+MW_DEV float to_f32(e5m2 x) {
+    uint32_t m = x.bits & 0x7fu;
+    if (m >= 0x7cu) {  // exponent all ones: inf (mantissa 0) or NaN
+        float special = m == 0x7cu ? __uint_as_float(0x7f800000u) : __uint_as_float(0x7fc00000u);
+        return with_sign(x.bits, special);
+    }
+    return with_sign(x.bits, fp8_magnitude(m, 21, 5.192296858534828e33f /* 2^112 */));
+}
+MW_DEV float to_f32(e5m2fnuz x) {
+    if (x.bits == 0x80u) return __uint_as_float(0x7fc00000u);
+    return with_sign(x.bits, fp8_magnitude(x.bits & 0x7fu, 21, 2.596148429267414e33f /* 2^111 */));
+}
+
+template <typename T> MW_DEV T from_f32(float f);
+template <> MW_DEV float from_f32<float>(float f) { return f; }
+template <> MW_DEV bf16 from_f32<bf16>(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{uint16_t((u >> 16) | 0x40u)};  // quiet NaN
+    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+    return bf16{uint16_t(u >> 16)};
+}
+template <> MW_DEV f16 from_f32<f16>(float f) {
+#if defined(__CUDA_ARCH__)
+    uint16_t h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return f16{h};
+#else
+    uint32_t u = __float_as_uint(f);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return f16{uint16_t(sign | 0x7e00u)};
+    if (a >= 0x477ff000u) return f16{uint16_t(sign | 0x7c00u)};  // rounds to >= 65520: inf
+    if (a < 0x38800000u) {
+        // Below the smallest normal (2^-14): a multiple of 2^-24; the f32 addition of 0.5 rounds
+        // the scaled value to nearest even in its low mantissa bits.
+        float scaled = __uint_as_float(a) + 0.5f;
+        return f16{uint16_t(sign | (__float_as_uint(scaled) - 0x3f000000u))};
+    }
+    uint32_t rounded = a + 0xfffu + ((a >> 13) & 1u);
+    return f16{uint16_t(sign | ((rounded - 0x38000000u) >> 13))};
+#endif
+}
+
+// ---- reductions --------------------------------------------------------------------------------
+
+MW_DEV float warp_sum(float v) {
+#pragma unroll
+    for (int o = MW_WARP / 2; o > 0; o /= 2) v += __shfl_xor_sync(MW_FULL_MASK, v, o);
+    return v;
+}
+MW_DEV float warp_max(float v) {
+#pragma unroll
+    for (int o = MW_WARP / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(MW_FULL_MASK, v, o));
+    return v;
+}
+
+// The sum over a block of THREADS threads (a multiple of MW_WARP), returned to every thread.
+// Contains two barriers: every thread of the block must call it.
+template <int THREADS>
+MW_DEV float block_sum(float v) {
+    static_assert(THREADS % MW_WARP == 0 && THREADS / MW_WARP <= MW_WARP, "block of whole warps");
+    constexpr int WARPS = THREADS / MW_WARP;
+    __shared__ float partial_smem[WARPS];
+    const int lane = threadIdx.x % MW_WARP, warp = threadIdx.x / MW_WARP;
+    v = warp_sum(v);
+    if (lane == 0) partial_smem[warp] = v;
+    __syncthreads();
+    float total = lane < WARPS ? partial_smem[lane] : 0.0f;
+    total = warp_sum(total);
+    __syncthreads();  // partial_smem may be reused by the caller's next reduction
+    return total;
+}
+
+// ---- status ------------------------------------------------------------------------------------
+
+// Records a data-dependent error in the backend's status word; the first report wins.
+MW_DEV void report(unsigned int* status, unsigned int op, unsigned int kind, uint64_t row, uint32_t value,
+                   uint64_t limit) {
+    if (atomicCAS(status, 0u, (op << 8) | kind) == 0u) {
+        status[1] = (unsigned int)row;
+        status[2] = value;
+        status[3] = (unsigned int)limit;
+    }
+}
+
+}  // namespace mw

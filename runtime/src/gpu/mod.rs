@@ -1,0 +1,214 @@
+//! GPU backends: one `Backend` implementation, [`Gpu`], over any [`Device`] that can hold memory and
+//! launch the kernels of `kernels-cuda/` (or `kernels-hip/`) by name.
+//!
+//! The launch code (grid sizing, params packing, shape and alignment checks) lives in `ops/`, one
+//! module per kernel family, and is the same whichever device runs the kernels:
+//! - [`cuda::CudaDevice`] (feature `cuda`): an NVIDIA GPU through cudarc, with the fatbins the
+//!   top-level `build.rs` compiled, or the embedded sources compiled at first use by NVRTC;
+//! - [`emu::EmuDevice`]: the same kernel sources compiled as host C++ against the SIMT layer of
+//!   `simt/` (the root crate's `emulate` feature links them), so CI runs the real kernels without a
+//!   GPU.
+//!
+//! Data-dependent errors (a token id beyond the vocabulary, a slot or position outside the KV
+//! cache, a gather index out of range) cannot stop a kernel that is already queued: the kernel
+//! skips the bad row and records the first such error in the backend's status word
+//! ([`status`]); [`Gpu`] returns it as the typed [`Error`] at the next `synchronize` or `read`.
+
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod emu;
+pub mod ops;
+pub mod status;
+
+mod backend;
+
+use std::fmt::Debug;
+
+use crate::{Error, Result, Storage};
+
+/// One kernel source file, embedded by the root crate's `build.rs`; `name` is its path relative
+/// to the kernel folder (`linear.cu`, `params/linear.h`), as `#include` names it.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelSource {
+    pub name: &'static str,
+    pub source: &'static str,
+}
+
+/// One compiled kernel file: a fatbin holding SASS for each of `targets` and PTX for the newest.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelImage {
+    /// The source file it was compiled from (`linear.cu`).
+    pub name: &'static str,
+    /// The targets it has SASS for (`sm_80`, `sm_90a`).
+    pub targets: &'static [&'static str],
+    pub fatbin: &'static [u8],
+}
+
+/// A kernel launch's geometry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchCfg {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    /// Dynamic shared memory per block, in bytes.
+    pub shared_bytes: u32,
+}
+
+impl LaunchCfg {
+    /// A 1-D launch of `blocks` blocks of `threads` threads.
+    pub fn linear(blocks: u32, threads: u32, shared_bytes: u32) -> Self {
+        LaunchCfg { grid: [blocks, 1, 1], block: [threads, 1, 1], shared_bytes }
+    }
+}
+
+/// What the launch heuristics may know about a device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// `NVIDIA H200`, `simt (host emulation, warp 32)`, ...
+    pub name: String,
+    /// Compute capability (major, minor); (0, 0) for the emulator.
+    pub arch: (u32, u32),
+    /// Threads per warp (32 on NVIDIA, 64 on AMD CDNA).
+    pub warp_size: u32,
+    /// Streaming multiprocessors (compute units).
+    pub sm_count: u32,
+    /// The most dynamic shared memory one block may use, in bytes.
+    pub max_shared_per_block: u32,
+    /// The most threads per block.
+    pub max_threads_per_block: u32,
+    /// Grid limits per dimension.
+    pub max_grid: [u32; 3],
+    /// Device memory in bytes.
+    pub total_memory: u64,
+}
+
+/// Memory and kernel launches of one device. All work is ordered on one stream.
+pub trait Device: Send + Sync + Sized + 'static {
+    /// Device memory that frees itself on drop.
+    type Buffer: Send + Sync + Debug;
+
+    /// Short backend name: `cuda`, `cuda-emu`.
+    fn name(&self) -> &'static str;
+    fn info(&self) -> &DeviceInfo;
+
+    /// A zero-filled buffer of `bytes` bytes (at least 1), aligned to 256 bytes.
+    fn alloc(&self, bytes: usize) -> Result<Self::Buffer>;
+    /// The buffer's length in bytes.
+    fn len(buf: &Self::Buffer) -> usize;
+    /// The device address of the buffer's first byte, as the kernels see it.
+    fn address(buf: &Self::Buffer) -> u64;
+    /// Copies host `bytes` to `dst[offset..]` (ordered after queued work).
+    fn write(&self, dst: &mut Self::Buffer, offset: usize, bytes: &[u8]) -> Result<()>;
+    /// Copies `src[offset..offset + out.len()]` to host `out` after queued work is done.
+    fn read(&self, src: &Self::Buffer, offset: usize, out: &mut [u8]) -> Result<()>;
+    /// Queues kernel `name` with `params` (the bytes of its `#[repr(C)]` params struct).
+    ///
+    /// # Safety
+    /// `params` must be the params struct of kernel `name`, whose device pointers point into
+    /// live buffers of this device that are large enough for every access the kernel makes with
+    /// these params and `cfg`; buffers written by the kernel must not be read or written by the
+    /// host until the launch is complete.
+    unsafe fn launch(&self, name: &'static str, cfg: LaunchCfg, params: &[u8]) -> Result<()>;
+    /// Waits until all queued work is done.
+    fn synchronize(&self) -> Result<()>;
+}
+
+/// A tensor's memory on a device.
+#[derive(Debug)]
+pub struct GpuStorage<B> {
+    buf: B,
+    len: usize,
+}
+
+impl<B> GpuStorage<B> {
+    pub fn buffer(&self) -> &B {
+        &self.buf
+    }
+}
+
+impl<B: Send + Sync> Storage for GpuStorage<B> {
+    fn len_bytes(&self) -> usize {
+        self.len
+    }
+}
+
+/// The GPU backend over a device.
+pub struct Gpu<D: Device> {
+    device: D,
+    status: std::sync::Mutex<D::Buffer>,
+}
+
+impl<D: Device> Gpu<D> {
+    pub fn new(device: D) -> Result<Self> {
+        let status = device.alloc(status::STATUS_BYTES)?;
+        Ok(Gpu { device, status: std::sync::Mutex::new(status) })
+    }
+
+    pub fn device(&self) -> &D {
+        &self.device
+    }
+
+    #[allow(dead_code)] // used by the launchers of the data-dependent ops as they land
+    /// The device address of the status word the kernels report data-dependent errors to.
+    pub(crate) fn status_address(&self) -> u64 {
+        D::address(&self.status.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Reads and clears the status word: the first data-dependent error a kernel reported since
+    /// the last check, if any. Waits for queued work.
+    pub fn check_status(&self) -> Result<()> {
+        let mut buf = self.status.lock().unwrap_or_else(|e| e.into_inner());
+        let mut words = [0u8; status::STATUS_BYTES];
+        self.device.read(&buf, 0, &mut words)?;
+        match status::decode(&words) {
+            None => Ok(()),
+            Some(err) => {
+                self.device.write(&mut buf, 0, &[0u8; status::STATUS_BYTES])?;
+                Err(err)
+            }
+        }
+    }
+
+    /// Launches `name` with the params struct `params`.
+    ///
+    /// # Safety
+    /// As [`Device::launch`].
+    pub(crate) unsafe fn launch<P: bytemuck::Pod>(
+        &self,
+        name: &'static str,
+        cfg: LaunchCfg,
+        params: &P,
+    ) -> Result<()> {
+        let info = self.device.info();
+        let threads = cfg.block.iter().try_fold(1u32, |a, &b| a.checked_mul(b));
+        let bad = |msg: String| Error::Argument { op: name, msg };
+        if cfg.grid.contains(&0) || cfg.block.contains(&0) {
+            return Err(bad(format!("empty launch grid {:?} block {:?}", cfg.grid, cfg.block)));
+        }
+        if threads.is_none_or(|t| t > info.max_threads_per_block) {
+            return Err(bad(format!("block {:?} exceeds {} threads", cfg.block, info.max_threads_per_block)));
+        }
+        if cfg.grid.iter().zip(info.max_grid).any(|(&g, m)| g > m) {
+            return Err(bad(format!("grid {:?} exceeds the device's {:?}", cfg.grid, info.max_grid)));
+        }
+        if cfg.shared_bytes > info.max_shared_per_block {
+            return Err(bad(format!(
+                "{} bytes of shared memory exceed the device's {}",
+                cfg.shared_bytes, info.max_shared_per_block
+            )));
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.device.launch(name, cfg, bytemuck::bytes_of(params)) }
+    }
+}
+
+impl<D: Device> Debug for Gpu<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gpu").field("device", &self.device.info().name).finish()
+    }
+}
+
+#[allow(dead_code)] // used by the launchers as they land
+/// A `u32` from a `usize` launch dimension, or an error naming what overflowed.
+pub(crate) fn dim(op: &'static str, what: &str, v: usize) -> Result<u32> {
+    u32::try_from(v).map_err(|_| Error::Argument { op, msg: format!("{what} {v} exceeds the 32-bit launch limit") })
+}

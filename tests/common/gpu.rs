@@ -1,0 +1,57 @@
+//! The GPU backends a test runs its cases on, and moving host tensors onto them.
+//!
+//! - `emulated()`: `Gpu<EmuDevice>` under each thread schedule (forward, reverse, seeded random),
+//!   so a missing barrier shows up as a wrong result under at least one of them (feature
+//!   `emulate`; empty without it).
+//! - `cuda()`: `Gpu<CudaDevice>` on device 0 (feature `cuda`). Tests that use it are
+//!   `#[ignore = "needs a CUDA device"]`; when run, a missing device skips the test with a
+//!   message, unless `MEMWALL_REQUIRE_GPU=1`, which makes it fail.
+
+use memwall_runtime::{Backend, HostTensor, Linear, Tensor, WeightScale};
+
+#[cfg(feature = "emulate")]
+pub fn emulated() -> Vec<(String, memwall::runtime::gpu::Gpu<memwall::runtime::gpu::emu::EmuDevice>)> {
+    use memwall::runtime::gpu::emu::Schedule;
+    [Schedule::Forward, Schedule::Reverse, Schedule::Random(0x5eed)]
+        .into_iter()
+        .map(|s| (format!("emu {s:?}"), memwall::emulated_backend(s).expect("emulated backend")))
+        .collect()
+}
+
+/// Whether a GPU run demands a device (`MEMWALL_REQUIRE_GPU=1`).
+pub fn gpu_required() -> bool {
+    std::env::var("MEMWALL_REQUIRE_GPU").is_ok_and(|v| v == "1")
+}
+
+#[cfg(feature = "cuda")]
+pub fn cuda() -> Option<memwall::runtime::gpu::Gpu<memwall::runtime::gpu::cuda::CudaDevice>> {
+    match memwall::cuda_backend(0) {
+        Ok(b) => Some(b),
+        Err(e) if gpu_required() => panic!("MEMWALL_REQUIRE_GPU=1 but no CUDA backend: {e}"),
+        Err(e) => {
+            eprintln!("skipping: {e}");
+            None
+        }
+    }
+}
+
+/// A copy of a host tensor on backend `b` (same dtype, shape and bytes).
+pub fn to_backend<B: Backend>(b: &B, t: &HostTensor) -> Tensor<B::Storage> {
+    b.upload(t.dtype(), t.shape(), &t.storage().bytes()[..t.nbytes()])
+        .unwrap_or_else(|e| panic!("{}: upload of {} {:?}: {e}", b.name(), t.dtype(), t.shape()))
+}
+
+/// A copy of a host weight (and its scale) on backend `b`.
+pub fn linear_to_backend<B: Backend>(b: &B, w: &Linear<memwall_runtime::HostStorage>) -> Linear<B::Storage> {
+    let scale = match &w.scale {
+        WeightScale::None => WeightScale::None,
+        WeightScale::PerTensor(s) => WeightScale::PerTensor(*s),
+        WeightScale::PerChannel(s) => WeightScale::PerChannel(to_backend(b, s)),
+        WeightScale::Block { block_rows, block_cols, scales } => WeightScale::Block {
+            block_rows: *block_rows,
+            block_cols: *block_cols,
+            scales: to_backend(b, scales),
+        },
+    };
+    Linear { weight: to_backend(b, &w.weight), scale }
+}
