@@ -23,7 +23,12 @@ impl<D: Device> Backend for Gpu<D> {
 
     fn exec_write(&self, dst: &mut Self::Storage, bytes: &[u8]) -> Result<()> {
         if bytes.len() > dst.len {
-            return Err(Error::OutOfBounds { what: "write".into(), offset: 0, len: bytes.len(), size: dst.len });
+            return Err(Error::OutOfBounds {
+                what: "write".into(),
+                offset: 0,
+                len: bytes.len(),
+                size: dst.len,
+            });
         }
         self.device.write(&mut dst.buf, 0, bytes)
     }

@@ -210,5 +210,6 @@ impl<D: Device> Debug for Gpu<D> {
 #[allow(dead_code)] // used by the launchers as they land
 /// A `u32` from a `usize` launch dimension, or an error naming what overflowed.
 pub(crate) fn dim(op: &'static str, what: &str, v: usize) -> Result<u32> {
-    u32::try_from(v).map_err(|_| Error::Argument { op, msg: format!("{what} {v} exceeds the 32-bit launch limit") })
+    u32::try_from(v)
+        .map_err(|_| Error::Argument { op, msg: format!("{what} {v} exceeds the 32-bit launch limit") })
 }

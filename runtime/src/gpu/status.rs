@@ -36,7 +36,8 @@ fn op_name(op: u32) -> &'static str {
 
 /// The error the status words hold, or `None` when no kernel reported one.
 pub fn decode(bytes: &[u8; STATUS_BYTES]) -> Option<Error> {
-    let w = |i: usize| u32::from_le_bytes([bytes[4 * i], bytes[4 * i + 1], bytes[4 * i + 2], bytes[4 * i + 3]]);
+    let w =
+        |i: usize| u32::from_le_bytes([bytes[4 * i], bytes[4 * i + 1], bytes[4 * i + 2], bytes[4 * i + 3]]);
     let (code, row, value, limit) = (w(0), w(1) as usize, w(2), w(3) as usize);
     if code == 0 {
         return None;
@@ -47,7 +48,9 @@ pub fn decode(bytes: &[u8; STATUS_BYTES]) -> Option<Error> {
         SLOT_OUT_OF_RANGE => Error::SlotOutOfRange { op, row, slot: value, slots: limit },
         CONTEXT_OVERFLOW => Error::ContextOverflow { op, row, pos: value, capacity: limit },
         INDEX_OUT_OF_RANGE => Error::IndexOutOfRange { op, row, index: value, len: limit },
-        kind => Error::Argument { op, msg: format!("kernel reported unknown error kind {kind} at row {row}") },
+        kind => {
+            Error::Argument { op, msg: format!("kernel reported unknown error kind {kind} at row {row}") }
+        }
     })
 }
 

@@ -39,7 +39,13 @@ pub(crate) fn add_assign<D: Device>(g: &Gpu<D>, d: RowsDims, x: &mut T<D>, y: &T
     unsafe { g.launch("add_assign_f32", cfg, &p) }
 }
 
-pub(crate) fn silu_mul<D: Device>(g: &Gpu<D>, _d: RowsDims, _gate: &T<D>, _up: &T<D>, _out: &mut T<D>) -> Result<()> {
+pub(crate) fn silu_mul<D: Device>(
+    g: &Gpu<D>,
+    _d: RowsDims,
+    _gate: &T<D>,
+    _up: &T<D>,
+    _out: &mut T<D>,
+) -> Result<()> {
     Err(super::unsupported("silu_mul", g.name()))
 }
 
@@ -54,7 +60,13 @@ pub(crate) fn rms_norm<D: Device>(
     Err(super::unsupported("rms_norm", g.name()))
 }
 
-pub(crate) fn rope<D: Device>(g: &Gpu<D>, _d: RopeDims, _x: &mut T<D>, _positions: &T<D>, _rope: &Rope) -> Result<()> {
+pub(crate) fn rope<D: Device>(
+    g: &Gpu<D>,
+    _d: RopeDims,
+    _x: &mut T<D>,
+    _positions: &T<D>,
+    _rope: &Rope,
+) -> Result<()> {
     Err(super::unsupported("rope", g.name()))
 }
 
