@@ -140,11 +140,13 @@ fn select_devices(args: &WallArgs) -> Result<Devices, Error> {
     Ok(Devices { all: devices, drawn, note })
 }
 
-/// The benches' decode record, if it exists and its model passes the `--model` filter: its model
-/// (from the config it carries), the machine it ran on, and the record.
-fn recorded(args: &WallArgs) -> Result<Option<(Model, Device, DecodeRecord)>, Error> {
+/// The benches' decode records (one per batch size of the run), if they exist and their model
+/// passes the `--model` filter: the model (from the config they carry), the machine they ran on
+/// (at the highest read peak the run measured), and the records.
+fn recorded(args: &WallArgs) -> Result<Option<(Model, Device, Vec<DecodeRecord>)>, Error> {
     let path = args.record.clone().unwrap_or_else(wall::record::default_path);
-    let Some(record) = DecodeRecord::load(&path)? else {
+    let records = DecodeRecord::load_all(&path)?;
+    let Some(record) = records.first() else {
         if args.record.is_some() {
             return Err(Error::InvalidArgument {
                 what: "--record",
@@ -158,9 +160,10 @@ fn recorded(args: &WallArgs) -> Result<Option<(Model, Device, DecodeRecord)>, Er
     }
     let config = memwall::model::ModelConfig::from_json(&record.config)?;
     let model = Model { name: record.model.clone(), config };
-    let device = Device::this_machine(record.peak_read_gb_s * 1e9, record.estimated_peak_flops_per_s)?;
+    let peak = records.iter().map(|r| r.peak_read_gb_s).fold(0.0, f64::max);
+    let device = Device::this_machine(peak * 1e9, record.estimated_peak_flops_per_s)?;
     let device = Device { name: format!("{} in {}", device.name, path.display()), ..device };
-    Ok(Some((model, device, record)))
+    Ok(Some((model, device, records)))
 }
 
 /// The models named (or the presets), less the decode record's model, which comes with its record.
@@ -246,12 +249,15 @@ pub fn wall_command(args: &WallArgs) -> Result<(), Error> {
                 }
             }
         }
-        if let Some((model, device, r)) = &record {
-            let dtype = WeightDtype::parse(&r.dtype)?;
-            report::check_workload(&model.config, r.batch, r.context)?;
-            rows.push(
-                report::wall_row(model, dtype, device, r.batch, r.context)?.with_achieved(r.tokens_per_s)?,
-            );
+        if let Some((model, device, records)) = &record {
+            for r in records {
+                let dtype = WeightDtype::parse(&r.dtype)?;
+                report::check_workload(&model.config, r.batch, r.context)?;
+                rows.push(
+                    report::wall_row(model, dtype, device, r.batch, r.context)?
+                        .with_achieved(r.tokens_per_s)?,
+                );
+            }
         }
     }
 
@@ -275,15 +281,17 @@ pub fn wall_command(args: &WallArgs) -> Result<(), Error> {
                 })
             })
             .collect();
-        if let Some((_, _, r)) = &record {
-            measured.push(MeasuredPoint {
-                label: format!(
-                    "{} batch {} on {} ({:.1} tok/s, read peak {:.1} GB/s)",
-                    r.model, r.batch, r.backend, r.tokens_per_s, r.peak_read_gb_s
-                ),
-                intensity: r.flops_per_step / r.bytes_per_step,
-                flops_per_s: r.flops_per_step * r.tokens_per_s / r.batch as f64,
-            });
+        if let Some((_, _, records)) = &record {
+            for r in records {
+                measured.push(MeasuredPoint {
+                    label: format!(
+                        "{} batch {} on {} ({:.1} tok/s, read peak {:.1} GB/s)",
+                        r.model, r.batch, r.backend, r.tokens_per_s, r.peak_read_gb_s
+                    ),
+                    intensity: r.flops_per_step / r.bytes_per_step,
+                    flops_per_s: r.flops_per_step * r.tokens_per_s / r.batch as f64,
+                });
+            }
         }
         // The record's model, when named (or nothing else is), is drawn predicted as well.
         if let Some((model, _, _)) = &record
@@ -367,14 +375,15 @@ pub fn wall_command(args: &WallArgs) -> Result<(), Error> {
         println!("{note}\n");
     }
     print!("{}", report::render_table(&rows));
-    if let Some((_, _, r)) = &record {
+    if let Some((_, _, records)) = &record {
+        let r = &records[0];
         println!(
-            "\nRecorded by benches/decode.rs ({} weights on {}, {} steps timed; bytes and FLOPs from the op list):\n  {}",
-            r.dtype,
-            r.backend,
-            r.steps,
-            r.summary()
+            "\nRecorded by benches/decode.rs ({} weights on {}; bytes and FLOPs from the op list):",
+            r.dtype, r.backend
         );
+        for r in records {
+            println!("  {} ({} steps timed)", r.summary(), r.steps);
+        }
     }
     Ok(())
 }

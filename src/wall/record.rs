@@ -1,5 +1,6 @@
-//! Measured decode rates: the record `benches/decode.rs` writes (`target/memwall/decode.json`) and
-//! `memwall wall` reads, so the report can set what was achieved beside the wall it predicts.
+//! Measured decode rates: the records `benches/decode.rs` writes (`target/memwall/decode.json`, one
+//! per batch size it ran) and `memwall wall` reads, so the report can set what was achieved beside
+//! the wall it predicts and draw each batch as a measured point of the roofline.
 //!
 //! The record carries the checkpoint's `config.json`, so the report can count the model's bytes
 //! itself, and the bytes and FLOPs of a step as the model's op list (`OpCost`) counted them in
@@ -94,28 +95,58 @@ impl DecodeRecord {
         Ok(())
     }
 
-    /// Reads a record; `Ok(None)` if the file does not exist.
+    /// Reads a record; `Ok(None)` if the file does not exist. A file of several records (one
+    /// per batch) gives its first.
     pub fn load(path: &Path) -> Result<Option<DecodeRecord>, Error> {
+        Ok(Self::load_all(path)?.into_iter().next())
+    }
+
+    /// Reads every record of the file (a JSON array, or one object); empty if the file does not
+    /// exist. All records must be of one model (one bench run).
+    pub fn load_all(path: &Path) -> Result<Vec<DecodeRecord>, Error> {
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(source) => return Err(Error::Io { path: path.to_path_buf(), source }),
         };
-        let record: DecodeRecord = serde_json::from_str(&text).map_err(|e| Error::InvalidArgument {
-            what: "decode record",
-            reason: format!("{}: {e}", path.display()),
-        })?;
-        record.check()?;
-        Ok(Some(record))
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum OneOrMany {
+            Many(Vec<DecodeRecord>),
+            One(Box<DecodeRecord>),
+        }
+        let bad = |reason: String| Error::InvalidArgument { what: "decode record", reason };
+        let records =
+            match serde_json::from_str(&text).map_err(|e| bad(format!("{}: {e}", path.display())))? {
+                OneOrMany::Many(v) => v,
+                OneOrMany::One(r) => vec![*r],
+            };
+        for r in &records {
+            r.check()?;
+            if r.model != records[0].model {
+                return Err(bad(format!(
+                    "{}: records of two models ({} and {}); one bench run records one model",
+                    path.display(),
+                    records[0].model,
+                    r.model
+                )));
+            }
+        }
+        Ok(records)
     }
 
     /// Writes the record (creating its directory).
     pub fn save(&self, path: &Path) -> Result<(), Error> {
+        Self::save_all(std::slice::from_ref(self), path)
+    }
+
+    /// Writes records as a JSON array (creating the directory).
+    pub fn save_all(records: &[DecodeRecord], path: &Path) -> Result<(), Error> {
         let io = |source| Error::Io { path: path.to_path_buf(), source };
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(io)?;
         }
-        let text = serde_json::to_string_pretty(self)
+        let text = serde_json::to_string_pretty(records)
             .map_err(|e| Error::InvalidArgument { what: "decode record", reason: e.to_string() })?;
         std::fs::write(path, text).map_err(io)
     }
@@ -178,6 +209,15 @@ mod tests {
         assert!(matches!(DecodeRecord::load(&path), Err(Error::InvalidArgument { .. })));
         DecodeRecord { peak_read_gb_s: 0.0, ..sample() }.save(&path).expect("save");
         assert!(matches!(DecodeRecord::load(&path), Err(Error::InvalidArgument { .. })));
+        // A batch sweep round-trips; a lone object (the older format) still loads.
+        let sweep = vec![sample(), DecodeRecord { batch: 4, tokens_per_s: 14.0, ..sample() }];
+        DecodeRecord::save_all(&sweep, &path).expect("save_all");
+        assert_eq!(DecodeRecord::load_all(&path).expect("load_all"), sweep);
+        std::fs::write(&path, serde_json::to_string(&sample()).expect("json")).expect("write");
+        assert_eq!(DecodeRecord::load_all(&path).expect("load_all"), vec![sample()]);
+        let mixed = vec![sample(), DecodeRecord { model: "other".into(), ..sample() }];
+        DecodeRecord::save_all(&mixed, &path).expect("save_all");
+        assert!(matches!(DecodeRecord::load_all(&path), Err(Error::InvalidArgument { .. })));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
