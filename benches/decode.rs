@@ -172,7 +172,12 @@ fn main() {
         Model::load(memwall::default_backend(), &dir.0, |_, _| {}).expect("load the random checkpoint");
     let mut session = Session::new(
         &model,
-        SessionOptions { max_batch: 1, capacity: PROMPT + WINDOW, cache_dtype: DType::BF16 },
+        SessionOptions {
+            max_batch: 1,
+            capacity: PROMPT + WINDOW,
+            cache_dtype: DType::BF16,
+            ..Default::default()
+        },
     )
     .expect("a session");
     let vocab = model.config.vocab_size as u32;

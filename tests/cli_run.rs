@@ -87,6 +87,51 @@ fn run_json_batch() {
     assert!(v["timing"]["decode_s"].as_f64().is_some());
 }
 
+/// `--max-prefill-rows` cuts the prefill into chunks without changing anything: on the reference
+/// backend every row is computed on its own, so the dumped logits are bitwise those of one pass.
+/// `--kv-dtype` allocates the cache in that type (the JSON says so); a bf16 cache still runs the
+/// fixture to N tokens.
+#[test]
+fn run_chunked_prefill_and_kv_dtype() {
+    let name = "mixtral_top2_bf16";
+    let exp = expected(name);
+    let dir = fixture(name);
+    let d = dir.to_str().unwrap();
+    let prompt = csv(&exp["prompts"][0]);
+    let len = exp["prompts"][0].as_array().unwrap().len();
+    assert!(len > 3, "the fixture prompt must be longer than a chunk");
+    let dumps = |tag: &str| std::env::temp_dir().join(format!("memwall-cli-{tag}-{}", std::process::id()));
+    let (whole, chunked) = (dumps("whole"), dumps("chunked"));
+    let base = ["run", "--model", d, "--tokens", &prompt, "--max-new-tokens", "4", "--backend", "cpu-ref"];
+    let (ok, out1, err) = memwall(&[&base[..], &["--dump-logits", whole.to_str().unwrap()]].concat());
+    assert!(ok, "{err}");
+    let (ok, out2, err) = memwall(
+        &[&base[..], &["--max-prefill-rows", "3", "--json", "--dump-logits", chunked.to_str().unwrap()]]
+            .concat(),
+    );
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out2.trim()).expect("json");
+    assert_eq!(csv(&v["tokens"]), out1.trim());
+    assert_eq!(v["timing"]["prefill_steps"], len.div_ceil(3));
+    assert_eq!(v["session"]["max_prefill_rows"], 3);
+    assert_eq!(v["session"]["kv_dtype"], "f32");
+    for file in ["prefill_logits.npy", "decode_logits.npy"] {
+        let a = std::fs::read(whole.join(file)).expect("npy");
+        let b = std::fs::read(chunked.join(file)).expect("npy");
+        assert!(a == b, "{file}: chunked prefill changed the logits");
+    }
+    let _ = std::fs::remove_dir_all(&whole);
+    let _ = std::fs::remove_dir_all(&chunked);
+
+    for kv in ["bf16", "f16"] {
+        let (ok, out, err) = memwall(&[&base[..], &["--kv-dtype", kv, "--json"]].concat());
+        assert!(ok, "{kv}: {err}");
+        let v: serde_json::Value = serde_json::from_str(out.trim()).expect("json");
+        assert_eq!(v["session"]["kv_dtype"], kv);
+        assert_eq!(v["tokens"].as_array().map(Vec::len), Some(4), "{kv}");
+    }
+}
+
 #[test]
 fn run_errors() {
     let dir = fixture("llama_tied_f32");
@@ -96,6 +141,8 @@ fn run_errors() {
         (vec!["--tokens", "1,256", "--max-new-tokens", "2", "--backend", "cpu-ref"], "out of range"),
         (vec!["--tokens", "1,x", "--max-new-tokens", "2", "--backend", "cpu-ref"], "not a token id"),
         (vec!["--tokens", "1", "--max-new-tokens", "200", "--backend", "cpu-ref"], "max_position_embeddings"),
+        (vec!["--tokens", "1,2", "--max-new-tokens", "2", "--kv-dtype", "fp8"], "invalid value 'fp8'"),
+        (vec!["--tokens", "1,2", "--max-new-tokens", "2", "--max-prefill-rows", "0"], "at least 1"),
     ] {
         let mut all = vec!["run", "--model", d];
         all.extend(args);

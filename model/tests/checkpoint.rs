@@ -371,8 +371,11 @@ fn fp8_pair(scheme: &str, scale_dtype: DType, scale_name: &str) -> (Value, Vec<S
 
 fn logits_of(dir: &Path) -> Vec<f32> {
     let m = Model::load(cpu::Reference, dir, |_, _| {}).expect("load");
-    let mut s =
-        Session::new(&m, SessionOptions { max_batch: 1, capacity: 16, cache_dtype: DType::F32 }).unwrap();
+    let mut s = Session::new(
+        &m,
+        SessionOptions { max_batch: 1, capacity: 16, cache_dtype: DType::F32, ..Default::default() },
+    )
+    .unwrap();
     let opts = GenerateOptions { max_new_tokens: 3, record_logits: true, ..Default::default() };
     let g = s.generate(&[vec![5, 9, 33, 60]], &opts).expect("generate");
     let mut all = g.prefill_logits[0].clone();

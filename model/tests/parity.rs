@@ -77,7 +77,12 @@ fn run<B: Backend>(model: &Model<B>, prompts: &[Vec<u32>], max_new: usize) -> Ge
 where
     B::Storage: 'static,
 {
-    let opts = SessionOptions { max_batch: prompts.len(), capacity: 64, cache_dtype: DType::F32 };
+    let opts = SessionOptions {
+        max_batch: prompts.len(),
+        capacity: 64,
+        cache_dtype: DType::F32,
+        ..Default::default()
+    };
     let mut session = Session::new(model, opts).expect("session");
     let options = GenerateOptions { max_new_tokens: max_new, record_logits: true, ..Default::default() };
     session.generate(prompts, &options).unwrap_or_else(|e| panic!("generate: {e}"))

@@ -17,7 +17,7 @@ fn model(cfg: &Value, dtype: DType, dir: &TempDir) -> Model<cpu::Reference> {
 }
 
 fn opts(batch: usize, capacity: usize) -> SessionOptions {
-    SessionOptions { max_batch: batch, capacity, cache_dtype: DType::F32 }
+    SessionOptions { max_batch: batch, capacity, cache_dtype: DType::F32, ..Default::default() }
 }
 
 fn greedy(n: usize) -> GenerateOptions {

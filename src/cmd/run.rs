@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
+use memwall::model::session::DEFAULT_MAX_PREFILL_ROWS;
 use memwall::model::{GenerateOptions, Generation, Session, SessionOptions, npy};
 use memwall::runtime::{Backend, DType, SamplingParams};
 
@@ -16,6 +17,24 @@ enum BackendName {
     CpuRef,
     Cuda,
     Hip,
+}
+
+/// Element type of the KV cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum KvDType {
+    F32,
+    Bf16,
+    F16,
+}
+
+impl KvDType {
+    fn dtype(self) -> DType {
+        match self {
+            KvDType::F32 => DType::F32,
+            KvDType::Bf16 => DType::BF16,
+            KvDType::F16 => DType::F16,
+        }
+    }
 }
 
 #[derive(Args)]
@@ -58,6 +77,16 @@ pub struct RunArgs {
     /// exactly as each sequence alone).
     #[arg(long, default_value_t = 0)]
     seed: u32,
+    /// Element type of the KV cache. f32 (the default) keeps the logits equal to transformers'
+    /// f32 run; bf16 and f16 halve the cache and the bytes attention reads, rounding each stored
+    /// key and value.
+    #[arg(long, value_enum, default_value = "f32")]
+    kv_dtype: KvDType,
+    /// Most prompt positions (over all sequences) per prefill step: longer prompts are prefilled
+    /// in chunks of this many, which bounds the workspace (and the logits of every position with
+    /// --dump-logits) without changing any result.
+    #[arg(long, default_value_t = DEFAULT_MAX_PREFILL_ROWS)]
+    max_prefill_rows: usize,
 }
 
 /// Parses `1,2,3` into token ids.
@@ -125,7 +154,15 @@ where
     }
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
     let capacity = longest.saturating_add(args.max_new_tokens).max(1);
-    let options = SessionOptions { max_batch: prompts.len().max(1), capacity, cache_dtype: DType::F32 };
+    if args.max_prefill_rows == 0 {
+        return Err("--max-prefill-rows must be at least 1".into());
+    }
+    let options = SessionOptions {
+        max_batch: prompts.len().max(1),
+        capacity,
+        cache_dtype: args.kv_dtype.dtype(),
+        max_prefill_rows: args.max_prefill_rows,
+    };
     let mut session = Session::new(&model, options)?;
     let gen_opts = GenerateOptions {
         max_new_tokens: args.max_new_tokens,
@@ -162,6 +199,7 @@ where
                 "prefill_s": t.prefill_s,
                 "decode_s": t.decode_s,
                 "prefill_tokens": t.prefill_tokens,
+                "prefill_steps": t.prefill_steps,
                 "decode_steps": t.decode_steps,
                 "decode_tokens": t.decode_tokens,
                 "prefill_tokens_per_s": per_s(t.prefill_tokens, t.prefill_s),
@@ -171,6 +209,11 @@ where
             "weights": {
                 "mapped_bytes": model.report.stats.mapped_bytes,
                 "copied_bytes": model.report.stats.copied_bytes,
+            },
+            "session": {
+                "kv_dtype": session.options().cache_dtype.to_string(),
+                "max_prefill_rows": session.options().max_prefill_rows,
+                "capacity": session.options().capacity,
             },
             "graph": {
                 "ops_per_step": model.graph.step_ops(false).count(),
