@@ -1,6 +1,8 @@
-//! Decode at the memory wall, measured (`cargo bench --bench decode`): batch-1 greedy decode of a
-//! Llama-3.1-shaped checkpoint with random bf16 weights on the default backend (`cpu::Fast`)
-//! through `memwall::model::Session`, against the read ceiling measured in the same run.
+//! Decode at the memory wall, measured (`cargo bench --bench decode`): greedy decode at batch 1,
+//! 4 and 16 of a Llama-3.1-shaped checkpoint with random bf16 weights on the default backend
+//! (`cpu::Fast`) through `memwall::model::Session`, against the read ceiling measured in the same
+//! run. Batch 1 is the memory wall; the larger batches are the measured points of the roofline
+//! (`memwall wall --measure --svg`).
 //!
 //! 1. Writes the checkpoint (config.json and one safetensors file, with the `safetensors` crate,
 //!    each tensor generated as it is written) into a temporary directory: hidden 2048, 12 layers,
@@ -9,14 +11,14 @@
 //!    reads its weights from memory.
 //! 2. Measures the read peak (`memwall::peak`, read kernel, all threads, best of 5 passes over
 //!    max(3 x LLC, 1 GiB)) before and after the decode; the higher of the two is the peak.
-//! 3. Prefills a prompt of `PROMPT` random tokens, then times decode steps in criterion's
-//!    `iter_custom` (one step = one token), each step at the next position; positions wrap within
-//!    `WINDOW` so the context stays near `PROMPT`. Bytes and FLOPs per step come from the model's
+//! 3. Per batch size B: prefills B prompts of `PROMPT` random tokens, then times decode steps in
+//!    criterion's `iter_custom` (one step = one token for each of the B sequences), each step at
+//!    the next position; positions wrap within `WINDOW` so the context stays near `PROMPT`. Bytes and FLOPs per step come from the model's
 //!    op list (`Session::last_step_cost`, i.e. `OpCost`), averaged over the timed steps.
-//! 4. Prints `decode <model> batch 1 context <L>: <tok/s> tok/s = <pct>% of the wall <wall> tok/s
-//!    at measured read peak <peak> GB/s` (tokens/s from the median step, robust on a shared
-//!    machine) and writes the record `memwall wall` reads (`target/memwall/decode.json`, see
-//!    `memwall::wall::record`).
+//! 4. Prints, per batch, `decode <model> batch <B> context <L>: <tok/s> tok/s = <pct>% of the wall
+//!    <wall> tok/s at measured read peak <peak> GB/s` (tokens/s from the median step, robust on a
+//!    shared machine) and writes the records `memwall wall` reads (`target/memwall/decode.json`,
+//!    see `memwall::wall::record`).
 //!
 //! Under `cargo test --benches` (`--test`) it runs a tiny model once and writes no record.
 
@@ -41,6 +43,9 @@ const PROMPT: usize = 64;
 /// Decode positions cycle over `PROMPT..PROMPT + WINDOW`.
 const WINDOW: usize = 32;
 const MODEL_NAME: &str = "llama-3.1-shaped-0.86b-random";
+/// Batch sizes measured: batch 1 is the memory wall's case; larger batches read the same weights
+/// for more tokens and climb the roofline towards the compute roof.
+const BATCHES: &[usize] = &[1, 4, 16];
 
 fn config(test_mode: bool) -> Value {
     let (hidden, inter, layers, heads, kv_heads, vocab) =
@@ -142,6 +147,79 @@ struct Steps {
     positions: Vec<u32>,
 }
 
+/// Prefills `batch` random prompts of `PROMPT` tokens, then times decode steps of all `batch`
+/// sequences at once in criterion's `iter_custom`, each step at the next position (positions wrap
+/// within `WINDOW`).
+fn decode_batch<B: memwall::runtime::Backend>(
+    c: &mut Criterion,
+    model: &Model<B>,
+    name: &str,
+    batch: usize,
+) -> Steps
+where
+    B::Storage: 'static,
+{
+    let options = SessionOptions {
+        max_batch: batch,
+        capacity: PROMPT + WINDOW,
+        cache_dtype: DType::BF16,
+        ..Default::default()
+    };
+    let mut session = Session::new(model, options).expect("a session");
+    let vocab = model.config.vocab_size as u64;
+    let greedy = SamplingParams::GREEDY;
+    let seeds = vec![0u32; batch];
+    let t = Instant::now();
+    let mut tokens = Vec::with_capacity(batch);
+    for slot in 0..batch {
+        let prompt: Vec<Row> = (0..PROMPT as u32)
+            .map(|p| Row {
+                token: (mix64(((slot as u64) << 32) | p as u64) % vocab) as u32,
+                slot: slot as u32,
+                pos: p,
+            })
+            .collect();
+        let first = session
+            .step(&prompt, &[PROMPT as u32 - 1], false, false, (&greedy, &[0], &[0]))
+            .expect("prefill");
+        tokens.push(first.tokens[0]);
+    }
+    println!("batch {batch}: prefill of {batch} x {PROMPT} tokens in {:.2} s", t.elapsed().as_secs_f64());
+
+    let steps = Mutex::new(Steps::default());
+    let mut pos = PROMPT as u32;
+    let mut step_no = 1u32;
+    let last: Vec<u32> = (0..batch as u32).collect();
+    let mut group = c.benchmark_group("decode");
+    group.sampling_mode(SamplingMode::Flat).throughput(Throughput::Elements(batch as u64));
+    group.bench_function(format!("{name}/batch{batch}/context{PROMPT}"), |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let rows: Vec<Row> =
+                    tokens.iter().enumerate().map(|(s, &token)| Row { token, slot: s as u32, pos }).collect();
+                let step_nos = vec![step_no; batch];
+                let t = Instant::now();
+                let out = session
+                    .step(&rows, &last, false, false, (&greedy, &seeds, &step_nos))
+                    .expect("decode step");
+                let dt = t.elapsed();
+                total += dt;
+                let mut s = steps.lock().unwrap_or_else(|e| e.into_inner());
+                s.times.push(dt);
+                s.cost.push(session.last_step_cost().unwrap_or_default());
+                s.positions.push(pos);
+                tokens.copy_from_slice(&out.tokens);
+                step_no += 1;
+                pos = if pos as usize + 1 >= PROMPT + WINDOW { PROMPT as u32 } else { pos + 1 };
+            }
+            total
+        });
+    });
+    group.finish();
+    steps.into_inner().unwrap_or_else(|e| e.into_inner())
+}
+
 fn main() {
     let started = Instant::now();
     let test_mode = std::env::args().any(|a| a == "--test");
@@ -170,107 +248,67 @@ fn main() {
 
     let model =
         Model::load(memwall::default_backend(), &dir.0, |_, _| {}).expect("load the random checkpoint");
-    let mut session = Session::new(
-        &model,
-        SessionOptions {
-            max_batch: 1,
-            capacity: PROMPT + WINDOW,
-            cache_dtype: DType::BF16,
-            ..Default::default()
-        },
-    )
-    .expect("a session");
-    let vocab = model.config.vocab_size as u32;
-    let prompt: Vec<Row> = (0..PROMPT as u32)
-        .map(|p| Row { token: (mix64(p as u64) % vocab as u64) as u32, slot: 0, pos: p })
-        .collect();
-    let greedy = SamplingParams::GREEDY;
-    let t = Instant::now();
-    let first =
-        session.step(&prompt, &[PROMPT as u32 - 1], false, false, (&greedy, &[0], &[0])).expect("prefill");
-    println!("prefill: {PROMPT} tokens in {:.2} s", t.elapsed().as_secs_f64());
-
-    let steps = Mutex::new(Steps::default());
-    let mut token = first.tokens[0];
-    let mut pos = PROMPT as u32;
-    let mut step_no = 1u32;
-    {
-        let mut group = c.benchmark_group("decode");
-        group.sampling_mode(SamplingMode::Flat).throughput(Throughput::Elements(1));
-        group.bench_function(format!("{name}/batch1/context{PROMPT}"), |b| {
-            b.iter_custom(|iters| {
-                let mut total = Duration::ZERO;
-                for _ in 0..iters {
-                    let rows = [Row { token, slot: 0, pos }];
-                    let t = Instant::now();
-                    let out = session
-                        .step(&rows, &[0], false, false, (&greedy, &[0], &[step_no]))
-                        .expect("decode step");
-                    let dt = t.elapsed();
-                    total += dt;
-                    let mut s = steps.lock().unwrap_or_else(|e| e.into_inner());
-                    s.times.push(dt);
-                    s.cost.push(session.last_step_cost().unwrap_or_default());
-                    s.positions.push(pos);
-                    token = out.tokens[0];
-                    step_no += 1;
-                    pos = if pos as usize + 1 >= PROMPT + WINDOW { PROMPT as u32 } else { pos + 1 };
-                }
-                total
-            });
-        });
-        group.finish();
+    let batches: &[usize] = if test_mode { &[1, 3] } else { BATCHES };
+    let mut timed = Vec::new();
+    for &batch in batches {
+        timed.push((batch, decode_batch(&mut c, &model, name, batch)));
     }
-    drop(session);
     drop(model);
 
     let peak_after = if test_mode { 1.0 } else { read_peak(working_set, 5) };
     let peak_gb_s = peak_before.max(peak_after);
+    println!("read peak: {peak_before:.2} GB/s before, {peak_after:.2} GB/s after the decode");
 
-    let steps = steps.into_inner().unwrap_or_else(|e| e.into_inner());
-    let n = steps.times.len();
-    if n == 0 {
-        println!("decode: no step was timed");
-        return;
+    let mut records = Vec::new();
+    for (batch, steps) in timed {
+        let n = steps.times.len();
+        if n == 0 {
+            println!("decode batch {batch}: no step was timed");
+            continue;
+        }
+        let mut sorted = steps.times.clone();
+        sorted.sort();
+        let median = sorted[n / 2].as_secs_f64();
+        let mean =
+            |f: &dyn Fn(&OpCost) -> u64| steps.cost.iter().map(|c| f(c) as f64).sum::<f64>() / n as f64;
+        // Tokens in each sequence's KV cache before a step: its position.
+        let context = (steps.positions.iter().map(|&p| p as f64).sum::<f64>() / n as f64).round() as u64;
+        let record = DecodeRecord {
+            model: name.to_string(),
+            backend: "cpu::Fast".to_string(),
+            dtype: "bf16".to_string(),
+            batch: batch as u64,
+            context,
+            steps: n as u64,
+            tokens_per_s: batch as f64 / median,
+            bytes_per_step: mean(&|c| c.bytes_read),
+            flops_per_step: mean(&|c| c.flops),
+            peak_read_gb_s: peak_gb_s,
+            estimated_peak_flops_per_s: peak::estimate_peak_flops().map(|f| f.flops_per_s),
+            config: cfg.clone(),
+        };
+        println!(
+            "batch {batch}: {n} steps timed, median {:.1} ms, fastest {:.1} ms; {:.3} GB and {:.2} GFLOP per \
+             step (op list)",
+            median * 1e3,
+            sorted[0].as_secs_f64() * 1e3,
+            record.bytes_per_step / 1e9,
+            record.flops_per_step / 1e9
+        );
+        records.push(record);
     }
-    let mut sorted = steps.times.clone();
-    sorted.sort();
-    let median = sorted[n / 2].as_secs_f64();
-    let mean = |f: &dyn Fn(&OpCost) -> u64| steps.cost.iter().map(|c| f(c) as f64).sum::<f64>() / n as f64;
-    // Tokens in the KV cache before each step: its position.
-    let context = (steps.positions.iter().map(|&p| p as f64).sum::<f64>() / n as f64).round() as u64;
-    let record = DecodeRecord {
-        model: name.to_string(),
-        backend: "cpu::Fast".to_string(),
-        dtype: "bf16".to_string(),
-        batch: 1,
-        context,
-        steps: n as u64,
-        tokens_per_s: 1.0 / median,
-        bytes_per_step: mean(&|c| c.bytes_read),
-        flops_per_step: mean(&|c| c.flops),
-        peak_read_gb_s: peak_gb_s,
-        estimated_peak_flops_per_s: peak::estimate_peak_flops().map(|f| f.flops_per_s),
-        config: cfg,
-    };
-    println!(
-        "read peak: {peak_before:.2} GB/s before, {peak_after:.2} GB/s after the decode; {n} steps timed, \
-         median {:.1} ms, fastest {:.1} ms; {:.3} GB and {:.2} GFLOP per step (op list)",
-        median * 1e3,
-        sorted[0].as_secs_f64() * 1e3,
-        record.bytes_per_step / 1e9,
-        record.flops_per_step / 1e9
-    );
     if test_mode {
         println!("test mode: a tiny model, no read peak measured, nothing recorded");
         return;
     }
-    println!("{}", record.summary());
-    if record.bandwidth_utilisation() > 1.0 {
-        println!("  above the measured read peak: a bench bug, or a read kernel that is not the ceiling");
+    for record in &records {
+        println!("{}", record.summary());
+        if record.bandwidth_utilisation() > 1.0 {
+            println!("  above the measured read peak: a bench bug, or a read kernel that is not the ceiling");
+        }
     }
     let path = memwall::wall::record::default_path();
-    match record.save(&path) {
+    match DecodeRecord::save_all(&records, &path) {
         Ok(()) => println!("recorded in {} (memwall wall shows it)", path.display()),
         Err(e) => println!("could not write the record: {e}"),
     }
