@@ -1,0 +1,47 @@
+//! The model graph on the GPU backend, unchanged: every parity fixture (transformers' logits and
+//! greedy tokens; `tests/parity/make_fixtures.py`) through `Session` on `Gpu<EmuDevice>` (the real
+//! kernels of `kernels-cuda/` on the SIMT layer, every thread schedule) and, on a GPU machine, on
+//! `Gpu<CudaDevice>`.
+//!
+//! Tolerance: the kit's per-row relative error of 1e-4 (derivation in `parity_kit/mod.rs`: f32
+//! rounding along the fixtures' short reductions is ~1e-6). A batch may take other kernels than a
+//! single run (batched GEMV or GEMM, other attention splits), changing only the order of f32 sums,
+//! so batch and single runs are held to the same 1e-4.
+
+#[allow(dead_code)]
+mod common;
+#[path = "../model/tests/parity_kit/mod.rs"]
+mod parity_kit;
+
+use parity_kit::{TOLERANCE, check_case_on};
+
+const CASES: [&str; 6] = [
+    "llama31_gqa_bf16",
+    "llama_tied_f32",
+    "llama_mha_f16",
+    "mixtral_top2_bf16",
+    "mixtral_top1_f32",
+    "llama_fp8_channel",
+];
+
+#[cfg(feature = "emulate")]
+#[test]
+fn every_fixture_on_the_emulated_gpu() {
+    use memwall::runtime::gpu::emu::Schedule;
+    for schedule in [Schedule::Forward, Schedule::Reverse, Schedule::Random(0x5eed)] {
+        for case in CASES {
+            eprintln!("{case} on the emulated GPU, {schedule:?}");
+            check_case_on(memwall::emulated_backend(schedule).expect("emulated backend"), case, TOLERANCE);
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs a CUDA device"]
+fn every_fixture_on_cuda() {
+    for case in CASES {
+        let Some(backend) = common::gpu::cuda() else { return };
+        check_case_on(backend, case, TOLERANCE);
+    }
+}
