@@ -8,6 +8,8 @@
 //! single run (batched GEMV or GEMM, other attention splits), changing only the order of f32 sums,
 //! so batch and single runs are held to the same 1e-4.
 
+#![cfg(any(feature = "emulate", feature = "cuda"))]
+
 #[allow(dead_code)]
 mod common;
 #[path = "../model/tests/parity_kit/mod.rs"]
