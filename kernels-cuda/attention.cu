@@ -57,53 +57,31 @@ template <int WORDS>
 MW_DEV void load_words(const void* src, uint32_t (&w)[WORDS]);
 template <>
 MW_DEV void load_words<1>(const void* src, uint32_t (&w)[1]) {
-#if defined(MEMWALL_SIMT)
-    memcpy(w, src, 4);
-#else
     w[0] = __ldg(reinterpret_cast<const unsigned int*>(src));
-#endif
 }
 template <>
 MW_DEV void load_words<2>(const void* src, uint32_t (&w)[2]) {
-#if defined(MEMWALL_SIMT)
-    memcpy(w, src, 8);
-#else
     const uint2 v = __ldg(reinterpret_cast<const uint2*>(src));
     w[0] = v.x;
     w[1] = v.y;
-#endif
 }
 template <>
 MW_DEV void load_words<4>(const void* src, uint32_t (&w)[4]) {
-#if defined(MEMWALL_SIMT)
-    memcpy(w, src, 16);
-#else
     const uint4 v = __ldg(reinterpret_cast<const uint4*>(src));
     w[0] = v.x;
     w[1] = v.y;
     w[2] = v.z;
     w[3] = v.w;
-#endif
 }
 
-// A float another block of this launch wrote (through L2, never a stale L1 line).
-MW_DEV float load_shared_global(const float* p) {
-#if defined(MEMWALL_SIMT)
-    return *p;
-#else
-    return __ldcg(p);
-#endif
-}
+// Floats another block of this launch wrote: through L2 (never a stale L1 line).
+MW_DEV float load_shared_global(const float* p) { return __ldcg(p); }
 MW_DEV void load_shared_global4(const float* p, float (&out)[4]) {
-#if defined(MEMWALL_SIMT)
-    memcpy(out, p, 16);
-#else
     const float4 v = __ldcg(reinterpret_cast<const float4*>(p));
     out[0] = v.x;
     out[1] = v.y;
     out[2] = v.z;
     out[3] = v.w;
-#endif
 }
 
 // Cache element type -> f32, a 32-bit word at a time (element 2i in the low half: little endian).
@@ -528,16 +506,11 @@ template <class C>
 MW_DEV void load_chunks(const float* row, uint32_t lane, float (&out)[C::E]) {
 #pragma unroll
     for (int k = 0; k < C::CH; ++k) {
-        const float* src = row + 4 * (lane + C::LANES * k);
-#if defined(MEMWALL_SIMT)
-        memcpy(&out[4 * k], src, 16);
-#else
-        const float4 v = *reinterpret_cast<const float4*>(src);
+        const float4 v = *reinterpret_cast<const float4*>(row + 4 * (lane + C::LANES * k));
         out[4 * k] = v.x;
         out[4 * k + 1] = v.y;
         out[4 * k + 2] = v.z;
         out[4 * k + 3] = v.w;
-#endif
     }
 }
 

@@ -170,7 +170,8 @@ fn bounds(c: &Case, qv: &[f32], k_all: &[f64], v_all: &[f64]) -> (Vec<f32>, Vec<
             for (p, s_p) in s.iter_mut().enumerate() {
                 let kk = &k_all[at(p)..][..hd];
                 *s_p = scale * qh.iter().zip(kk).map(|(&q, &k)| q as f64 * k).sum::<f64>();
-                a_max = a_max.max(scale * qh.iter().zip(kk).map(|(&q, &k)| (q as f64 * k).abs()).sum::<f64>());
+                a_max =
+                    a_max.max(scale * qh.iter().zip(kk).map(|(&q, &k)| (q as f64 * k).abs()).sum::<f64>());
             }
             let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let e: Vec<f64> = s.iter().map(|&x| (x - m).exp()).collect();
@@ -293,13 +294,23 @@ fn run_case<D: Device>(name: &str, g: &Gpu<D>, c: &Case, forced: bool) {
     let mut out = poisoned(g, DType::F32, &[n, heads, hd]);
     g.attention(&q, &c_gpu, &slots, &positions, c.scale, &mut out)
         .unwrap_or_else(|e| panic!("{name} attention {c:?}: {e}"));
-    assert_close(&format!("attention {name}, launcher's plan, vs reference {c:?}"), &read_f32(g, &out), &want, &bound);
+    assert_close(
+        &format!("attention {name}, launcher's plan, vs reference {c:?}"),
+        &read_f32(g, &out),
+        &want,
+        &bound,
+    );
     if forced {
         for plan in forced_plans(c) {
             let mut out = poisoned(g, DType::F32, &[n, heads, hd]);
             attn::attention_planned(g, &q, &c_gpu, &slots, &positions, c.scale, &mut out, &plan)
                 .unwrap_or_else(|e| panic!("{name} attention {plan:?} {c:?}: {e}"));
-            assert_close(&format!("attention {name} {plan:?} vs reference {c:?}"), &read_f32(g, &out), &want, &bound);
+            assert_close(
+                &format!("attention {name} {plan:?} vs reference {c:?}"),
+                &read_f32(g, &out),
+                &want,
+                &bound,
+            );
         }
     }
 }
@@ -358,7 +369,9 @@ fn attn_strategy() -> impl Strategy<Value = Case> {
         any::<bool>(),
         any::<u64>(),
     )
-        .prop_map(|(kvh, ratio, hd, k, v, seqs, shuffle, seed)| case(kvh, ratio, hd, (k, v), &seqs, shuffle, seed))
+        .prop_map(|(kvh, ratio, hd, k, v, seqs, shuffle, seed)| {
+            case(kvh, ratio, hd, (k, v), &seqs, shuffle, seed)
+        })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -420,7 +433,8 @@ fn data_errors<D: Device>(name: &str, g: &Gpu<D>) {
     for (slots_v, pos_v) in &kv_cases {
         let n = slots_v.len();
         let kv = random_values(&mut rng, DType::F32, n * kvh * hd);
-        let mut c_ref = KvCacheLayer { k: poisoned(r, DType::BF16, &shape), v: poisoned(r, DType::BF16, &shape) };
+        let mut c_ref =
+            KvCacheLayer { k: poisoned(r, DType::BF16, &shape), v: poisoned(r, DType::BF16, &shape) };
         let want = REF
             .kv_store(
                 &upload(r, DType::F32, &[n, kvh, hd], &kv),

@@ -74,7 +74,44 @@ macro_rules! params_layout {
 pub fn params_layouts() -> Vec<ParamsLayout> {
     vec![
         // attention.rs
-
+        params_layout!(attention::KvStoreParams {
+            k,
+            v,
+            k_cache,
+            v_cache,
+            slots,
+            positions,
+            status,
+            rows,
+            width,
+            n_slots,
+            capacity
+        }),
+        params_layout!(attention::AttentionParams {
+            q,
+            k_cache,
+            v_cache,
+            slots,
+            positions,
+            out,
+            partial_acc,
+            partial_ml,
+            arrivals,
+            status,
+            rows,
+            heads,
+            kv_heads,
+            head_dim,
+            n_slots,
+            capacity,
+            head_chunk,
+            head_chunks,
+            splits,
+            min_split,
+            prefill_rows,
+            scale_log2,
+            reserved
+        }),
         // elementwise.rs
         params_layout!(elementwise::AddAssignParams { x, y, n }),
         // linear.rs
