@@ -26,22 +26,9 @@ use memwall::runtime::gpu::ops::attention::{self as attn, AttnPlan, DecodeVarian
 use memwall::runtime::gpu::{Device, Gpu};
 use memwall_runtime::cpu::Reference;
 use memwall_runtime::{Backend, DType, Error, KvCacheLayer};
-use proptest::prelude::*;
-use proptest::sample::select;
-use proptest::test_runner::RngSeed;
 
 static REF: LazyLock<Reference> = LazyLock::new(Reference::default);
 const CACHE_TYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
-
-fn config(cases: u32) -> ProptestConfig {
-    ProptestConfig {
-        cases,
-        rng_seed: RngSeed::Fixed(0x6770_7561_7474_6e21),
-        failure_persistence: None,
-        max_shrink_iters: 50,
-        ..ProptestConfig::default()
-    }
-}
 
 #[derive(Clone, Debug)]
 struct Case {
@@ -358,22 +345,6 @@ fn long_cases() -> Vec<Case> {
     ]
 }
 
-fn attn_strategy() -> impl Strategy<Value = Case> {
-    (
-        1..=2usize,
-        select(vec![1usize, 2, 4]),
-        select(vec![2usize, 6, 64, 128, 34]),
-        select(CACHE_TYPES.to_vec()),
-        select(CACHE_TYPES.to_vec()),
-        prop::collection::vec((0..40usize, 1..6usize), 1..=3),
-        any::<bool>(),
-        any::<u64>(),
-    )
-        .prop_map(|(kvh, ratio, hd, k, v, seqs, shuffle, seed)| {
-            case(kvh, ratio, hd, (k, v), &seqs, shuffle, seed)
-        })
-}
-
 // ---------------------------------------------------------------------------------------------
 // kv_store: the last row wins; data-dependent errors
 
@@ -527,7 +498,37 @@ fn unsupported_head_dims<D: Device>(name: &str, g: &Gpu<D>) {
 
 #[cfg(feature = "emulate")]
 mod emulated {
+    use proptest::prelude::*;
+    use proptest::sample::select;
+    use proptest::test_runner::RngSeed;
+
     use super::*;
+
+    fn config(cases: u32) -> ProptestConfig {
+        ProptestConfig {
+            cases,
+            rng_seed: RngSeed::Fixed(0x6770_7561_7474_6e21),
+            failure_persistence: None,
+            max_shrink_iters: 50,
+            ..ProptestConfig::default()
+        }
+    }
+
+    fn attn_strategy() -> impl Strategy<Value = Case> {
+        (
+            1..=2usize,
+            select(vec![1usize, 2, 4]),
+            select(vec![2usize, 6, 64, 128, 34]),
+            select(CACHE_TYPES.to_vec()),
+            select(CACHE_TYPES.to_vec()),
+            prop::collection::vec((0..40usize, 1..6usize), 1..=3),
+            any::<bool>(),
+            any::<u64>(),
+        )
+            .prop_map(|(kvh, ratio, hd, k, v, seqs, shuffle, seed)| {
+                case(kvh, ratio, hd, (k, v), &seqs, shuffle, seed)
+            })
+    }
 
     #[test]
     fn grid_of_dtypes_ratios_and_kernels() {
