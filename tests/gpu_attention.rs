@@ -531,6 +531,14 @@ mod emulated {
     }
 
     #[test]
+    fn every_kernel_the_launcher_names_is_in_the_image() {
+        let have = memwall::kernels::simt_cuda().kernels();
+        for name in attn::kernel_names() {
+            assert!(have.iter().any(|k| k == name), "{name} is not in the emulated image");
+        }
+    }
+
+    #[test]
     fn grid_of_dtypes_ratios_and_kernels() {
         for (name, g) in common::gpu::emulated() {
             for c in grid_cases() {
