@@ -30,7 +30,9 @@
 //   scratch and the last block of the row to arrive (an atomic counter) merges the splits
 //   (log-sum-exp weights) into the output and resets the counter.
 //   The split count is a launch parameter; each row splits its own length n = position + 1 into
-//   chunks of max(ceil(n / splits), min_split) positions, so short rows use fewer blocks.
+//   chunks of max(ceil(n / splits), min_split) positions, so short rows use fewer blocks. The
+//   merge lives in the decode kernel's last block rather than in a combine kernel: the same
+//   reads, one launch (and its gap) less per layer.
 // - attention_prefill_<t>_hd<64|128|256> (k and v of dtype t, even head_dim up to the suffix): a
 //   block per (tile of prefill_rows consecutive rows, kv head, chunk of its query heads); K and V
 //   tiles of the tile's slot are converted to f32 in shared memory and serve all the block's
@@ -40,7 +42,10 @@
 // Exactly causal for any positions; head_dim even and <= 256; capacity and counts of positions
 // need not be multiples of any tile.
 // Tests: tests/gpu_attention.rs against cpu::Reference (emulated under every schedule in CI; on a
-// GPU with `cargo test --features cuda --test gpu_attention -- --ignored`).
+// GPU with `cargo test --features cuda --test gpu_attention -- --ignored`); plans are forced
+// there through attention::attention_planned (one split, many splits, prefill beside decode).
+// Bench: bytes moved by decode attention are the live K and V, sum over rows of (position + 1) x
+// kv_heads x head_dim x (k + v element sizes), plus q and out; never the allocated capacity.
 #include "common.cuh"
 #include "params/attention.h"
 

@@ -330,7 +330,7 @@ fn grid_cases() -> Vec<Case> {
 }
 
 /// Longer contexts (130; 700, several splits), prefill rows of one and of two sequences, mixed
-/// prefill and decode rows, rows in any order.
+/// prefill and decode rows, rows in any order, head dims up to 256.
 fn long_cases() -> Vec<Case> {
     let bf = (DType::BF16, DType::BF16);
     vec![
@@ -342,6 +342,9 @@ fn long_cases() -> Vec<Case> {
         case(1, 4, 128, bf, &[(0, 17), (5, 12)], true, 6),
         case(2, 1, 6, (DType::F16, DType::F16), &[(10, 9), (4, 1), (30, 1), (0, 1)], true, 7),
         case(1, 8, 64, bf, &[(100, 20), (60, 1)], false, 8),
+        // The widest tiles: head_dim 130 (no multiple of 4) and 256.
+        case(1, 2, 130, (DType::F16, DType::F16), &[(20, 9), (70, 1)], false, 9),
+        case(1, 1, 256, (DType::F32, DType::F32), &[(40, 1), (0, 8)], true, 10),
     ]
 }
 
