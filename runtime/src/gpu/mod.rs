@@ -135,12 +135,46 @@ impl<B: Send + Sync> Storage for GpuStorage<B> {
 pub struct Gpu<D: Device> {
     device: D,
     status: std::sync::Mutex<D::Buffer>,
+    /// Device scratch the launchers keep between calls: (owner, part, buffer).
+    scratch: std::sync::Mutex<Vec<(&'static str, usize, D::Buffer)>>,
 }
 
 impl<D: Device> Gpu<D> {
     pub fn new(device: D) -> Result<Self> {
         let status = device.alloc(status::STATUS_BYTES)?;
-        Ok(Gpu { device, status: std::sync::Mutex::new(status) })
+        Ok(Gpu { device, status: std::sync::Mutex::new(status), scratch: std::sync::Mutex::new(Vec::new()) })
+    }
+
+    /// Runs `f` with the device addresses of `owner`'s scratch buffers, part `i` at least
+    /// `bytes[i]` bytes, holding them (no other launcher gets them) until `f` returns, so the
+    /// launches `f` queues own them in stream order. A buffer is zero-filled when allocated and
+    /// otherwise holds what the owner's kernels left in it (an owner may keep counters there that
+    /// its kernels return to zero). Growing one waits for queued work before freeing the old one.
+    pub(crate) fn with_scratch<R>(
+        &self,
+        owner: &'static str,
+        bytes: &[usize],
+        f: impl FnOnce(&[u64]) -> Result<R>,
+    ) -> Result<R> {
+        let mut held = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let mut addresses = Vec::with_capacity(bytes.len());
+        for (part, &want) in bytes.iter().enumerate() {
+            let size = want.max(1).next_power_of_two();
+            let at = match held.iter().position(|(o, p, _)| *o == owner && *p == part) {
+                Some(at) if D::len(&held[at].2) >= want => at,
+                Some(at) => {
+                    self.device.synchronize()?;
+                    held[at].2 = self.device.alloc(size)?;
+                    at
+                }
+                None => {
+                    held.push((owner, part, self.device.alloc(size)?));
+                    held.len() - 1
+                }
+            };
+            addresses.push(D::address(&held[at].2));
+        }
+        f(&addresses)
     }
 
     pub fn device(&self) -> &D {
