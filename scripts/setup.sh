@@ -14,4 +14,14 @@ if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 
     rustup component add rustfmt clippy
   fi
 fi
+# The emulated kernels (feature `emulate`, scripts/test.sh) need a C++20 compiler and its
+# AddressSanitizer runtime; Debian's g++ brings both.
+if ! command -v c++ >/dev/null 2>&1 || [[ "$(c++ -print-file-name=libasan.so)" == libasan.so ]]; then
+  if command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && apt-get install -y -qq g++
+  else
+    echo "setup: no C++ compiler with libasan found; install g++" >&2
+    exit 1
+  fi
+fi
 cargo fetch --locked

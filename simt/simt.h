@@ -34,6 +34,7 @@
 // Every C and C++ header a kernel may use is included here, before the CUDA macros are defined
 // (glibc and libstdc++ spell attributes such as __noinline__ that the macros below redefine) and
 // outside the anonymous namespace the kernel sources are compiled in.
+#include <assert.h>
 #include <float.h>
 #include <limits.h>
 #include <math.h>
@@ -536,6 +537,13 @@ struct LayoutRegistrar {
 #define __activemask ::mw_simt::activemask
 #define __nanosleep ::mw_simt::nanosleep
 #define __trap ::mw_simt::trap
+// Device assert: a failed assertion fails the launch (on a GPU it prints and traps).
+#undef assert
+#if defined(NDEBUG)
+#define assert(e) ((void)0)
+#else
+#define assert(e) ((e) ? (void)0 : ::mw_simt::fail("assertion `%s` failed (%s:%d)", #e, __FILE__, __LINE__))
+#endif
 #define __threadfence ::mw_simt::threadfence
 #define __threadfence_block ::mw_simt::threadfence
 #define __threadfence_system ::mw_simt::threadfence

@@ -183,10 +183,13 @@ fn rust_layouts() -> Vec<ParamsLayout> {
     v
 }
 
+/// (name, offset, size) of one field.
+type Field = (String, usize, usize);
+
 #[test]
 fn params_mirrors_match_the_cxx_layouts() {
     for image in images() {
-        let mut cxx: BTreeMap<String, (usize, Vec<(String, usize, usize)>)> = BTreeMap::new();
+        let mut cxx: BTreeMap<String, (usize, Vec<Field>)> = BTreeMap::new();
         for f in image.layouts() {
             let e = cxx.entry(f.strct.clone()).or_insert((f.struct_size, Vec::new()));
             e.1.push((f.field, f.offset, f.size));
@@ -531,7 +534,7 @@ fn votes_over_whole_and_partial_warps() {
 #[test]
 fn syncwarp_orders_shared_memory_within_a_warp() {
     for (label, dev) in devices() {
-        let warp = dev.info().warp_size as u32;
+        let warp = dev.info().warp_size;
         let cfg = LaunchCfg::linear(2, 2 * warp, 0);
         let n = 4 * warp as usize;
         let input = index_values(n);
