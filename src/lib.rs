@@ -20,6 +20,93 @@ pub mod kernels {
 
     include!(concat!(env!("OUT_DIR"), "/kernel_sources.rs"));
     include!(concat!(env!("OUT_DIR"), "/cuda_fatbins.rs"));
+    #[cfg(feature = "emulate")]
+    include!(concat!(env!("OUT_DIR"), "/simt_build.rs"));
+
+    /// The kernels of `kernels-cuda/` compiled as host C++ against the SIMT layer (`simt/`,
+    /// warp 32), for `runtime::gpu::emu::EmuDevice`.
+    #[cfg(feature = "emulate")]
+    pub fn simt_cuda() -> memwall_runtime::gpu::emu::SimtImage {
+        use simt_ffi::*;
+        memwall_runtime::gpu::emu::SimtImage {
+            label: "cuda",
+            launch: memwall_simt_cuda_launch,
+            warp_size: memwall_simt_cuda_warp_size,
+            kernel_count: memwall_simt_cuda_kernel_count,
+            kernel_name: memwall_simt_cuda_kernel_name,
+            layout_count: memwall_simt_cuda_layout_count,
+            layout: memwall_simt_cuda_layout,
+        }
+    }
+
+    /// The SIMT layer at warp 64 with only `kernels-cuda/selftest.cu`: tests its wave64 paths.
+    #[cfg(feature = "emulate")]
+    #[doc(hidden)]
+    pub fn simt_selftest64() -> memwall_runtime::gpu::emu::SimtImage {
+        use simt_ffi::*;
+        memwall_runtime::gpu::emu::SimtImage {
+            label: "selftest64",
+            launch: memwall_simt_selftest64_launch,
+            warp_size: memwall_simt_selftest64_warp_size,
+            kernel_count: memwall_simt_selftest64_kernel_count,
+            kernel_name: memwall_simt_selftest64_kernel_name,
+            layout_count: memwall_simt_selftest64_layout_count,
+            layout: memwall_simt_selftest64_layout,
+        }
+    }
+
+    /// The C ABI of the images `build/simt.rs` linked (`simt/simt.cpp`, one prefix per image).
+    #[cfg(feature = "emulate")]
+    mod simt_ffi {
+        use std::ffi::{c_char, c_void};
+
+        macro_rules! simt_image_abi {
+            ($launch:ident, $warp:ident, $count:ident, $name:ident, $lcount:ident, $layout:ident) => {
+                unsafe extern "C" {
+                    pub fn $launch(
+                        name: *const c_char,
+                        name_len: usize,
+                        grid: *const u32,
+                        block: *const u32,
+                        dynamic_shared_bytes: u32,
+                        params: *const c_void,
+                        params_size: usize,
+                        schedule: u64,
+                        err: *mut c_char,
+                        err_cap: usize,
+                    ) -> i32;
+                    pub fn $warp() -> u32;
+                    pub fn $count() -> usize;
+                    pub fn $name(i: usize) -> *const c_char;
+                    pub fn $lcount() -> usize;
+                    pub fn $layout(
+                        i: usize,
+                        strct: *mut *const c_char,
+                        field: *mut *const c_char,
+                        offset: *mut usize,
+                        size: *mut usize,
+                        struct_size: *mut usize,
+                    ) -> i32;
+                }
+            };
+        }
+        simt_image_abi!(
+            memwall_simt_cuda_launch,
+            memwall_simt_cuda_warp_size,
+            memwall_simt_cuda_kernel_count,
+            memwall_simt_cuda_kernel_name,
+            memwall_simt_cuda_layout_count,
+            memwall_simt_cuda_layout
+        );
+        simt_image_abi!(
+            memwall_simt_selftest64_launch,
+            memwall_simt_selftest64_warp_size,
+            memwall_simt_selftest64_kernel_count,
+            memwall_simt_selftest64_kernel_name,
+            memwall_simt_selftest64_layout_count,
+            memwall_simt_selftest64_layout
+        );
+    }
 }
 
 /// The backend used when none is named: the fast CPU backend.
