@@ -18,7 +18,7 @@ mod common;
 
 use std::fmt::Debug;
 
-use common::*;
+use common::{Rng, *};
 use memwall_runtime::cpu::Reference;
 use memwall_runtime::{Backend, DType, Llama3RopeScaling, Rope, Tensor};
 use proptest::prelude::*;
@@ -26,10 +26,6 @@ use proptest::sample::select;
 use proptest::test_runner::{RngSeed, TestRunner};
 
 static REF: Reference = Reference;
-
-/// Cases per op and backend: emulation runs every GPU thread as a fiber on one core.
-const EMU_CASES: u32 = 12;
-const CUDA_CASES: u32 = 64;
 
 const ROW_SIZES: [usize; 5] = [1, 2, 3, 5, 17];
 /// Odd tails, the warp-per-row rms_norm up to 1024 columns, the block-per-row one above (1028 and
@@ -229,7 +225,8 @@ fn silu_mul_case<B: Backend>(b: &B, rows: usize, cols: usize, seed: u64) {
     let mut rng = Rng::new(seed);
     let gv = random_values(&mut rng, DType::F32, rows * cols);
     let uv = random_values(&mut rng, DType::F32, rows * cols);
-    let (g_ref, u_ref) = (upload(&REF, DType::F32, &[rows, cols], &gv), upload(&REF, DType::F32, &[rows, cols], &uv));
+    let (g_ref, u_ref) =
+        (upload(&REF, DType::F32, &[rows, cols], &gv), upload(&REF, DType::F32, &[rows, cols], &uv));
     let mut o_ref = poisoned(&REF, DType::F32, &[rows, cols]);
     REF.silu_mul(&g_ref, &u_ref, &mut o_ref).unwrap_or_else(|e| panic!("reference silu_mul: {e}"));
     let want = read_f32(&REF, &o_ref);
@@ -265,7 +262,12 @@ fn add_assign_case<B: Backend>(b: &B, rows: usize, cols: usize, seed: u64) {
     // x + y of two f32 values is exact in f64, so the reference and the GPU (one f32 addition)
     // both round the same exact sum once: bit-identical, bound 0.
     let want: Vec<f32> = xv.iter().zip(&yv).map(|(&a, &b)| (a as f64 + b as f64) as f32).collect();
-    assert_close(&format!("{who} add_assign {rows}x{cols}"), &read_f32(b, &x), &want, &vec![0.0; rows * cols]);
+    assert_close(
+        &format!("{who} add_assign {rows}x{cols}"),
+        &read_f32(b, &x),
+        &want,
+        &vec![0.0; rows * cols],
+    );
 }
 
 fn silu_mul_and_add_assign_cases<B: Backend>(b: &B, who: &str, cases: u32) {
@@ -283,7 +285,12 @@ const ROWS: usize = 3;
 
 /// `[ROWS, row..]` holding `bytes` exactly sized, and the same in storage for `MAX` rows whose
 /// spare rows are poison.
-fn pair<B: Backend>(b: &B, dtype: DType, row: &[usize], bytes: &[u8]) -> (Tensor<B::Storage>, Tensor<B::Storage>) {
+fn pair<B: Backend>(
+    b: &B,
+    dtype: DType,
+    row: &[usize],
+    bytes: &[u8],
+) -> (Tensor<B::Storage>, Tensor<B::Storage>) {
     let shape = |r: usize| [&[r][..], row].concat();
     let exact = b.upload(dtype, &shape(ROWS), bytes).unwrap_or_else(|e| panic!("{}: upload: {e}", b.name()));
     let mut spare = poisoned(b, dtype, &shape(MAX));
@@ -350,6 +357,47 @@ fn set_rows_respected<B: Backend>(b: &B) {
 mod emulated {
     use super::*;
 
+    /// Cases per op and schedule: emulation runs every GPU thread as a fiber on one core.
+    const EMU_CASES: u32 = 12;
+
+    /// Every kernel the launchers of this family may launch is in the image.
+    #[test]
+    fn every_kernel_is_in_the_image() {
+        let have = memwall::kernels::simt_cuda().kernels();
+        for name in memwall::runtime::gpu::ops::elementwise::kernel_names() {
+            assert!(have.iter().any(|k| k == name), "{name} is not in the SIMT image");
+        }
+    }
+
+    fn field_size<S, F>(_: impl Fn(&S) -> &F) -> usize {
+        std::mem::size_of::<F>()
+    }
+
+    /// The Rust mirrors of this family's params structs match the layout the compiled C++
+    /// registered (MW_LAYOUT): every field's offset and size, and the struct's size.
+    #[test]
+    fn params_layouts_match_the_kernels() {
+        use memwall::runtime::gpu::ops::elementwise::*;
+        let layouts = memwall::kernels::simt_cuda().layouts();
+        macro_rules! check {
+            ($s:ident { $($f:ident),* }) => {{
+                let mut want = vec![$((stringify!($f).to_string(), std::mem::offset_of!($s, $f), field_size(|p: &$s| &p.$f))),*];
+                let mut got = Vec::new();
+                for l in layouts.iter().filter(|l| l.strct == stringify!($s)) {
+                    assert_eq!(l.struct_size, std::mem::size_of::<$s>(), "size of {}", stringify!($s));
+                    got.push((l.field.clone(), l.offset, l.size));
+                }
+                want.sort_by_key(|f| f.1);
+                got.sort_by_key(|f| f.1);
+                assert_eq!(got, want, "fields of {}", stringify!($s));
+            }};
+        }
+        check!(AddAssignParams { x, y, n });
+        check!(SiluMulParams { out, gate, up, n });
+        check!(RmsNormParams { y, x, weight, rows, cols, eps, pad });
+        check!(RopeParams { x, positions, rows, heads, half, heads_per_block, pad, inv_freq });
+    }
+
     #[test]
     fn rms_norm_matches_reference() {
         for (name, b) in gpu::emulated() {
@@ -383,6 +431,8 @@ mod emulated {
 #[cfg(feature = "cuda")]
 mod cuda {
     use super::*;
+
+    const CUDA_CASES: u32 = 64;
 
     #[test]
     #[ignore = "needs a CUDA device"]

@@ -15,7 +15,7 @@ mod common;
 use std::fmt::Debug;
 
 use common::gpu::linear_to_backend;
-use common::*;
+use common::{Rng, *};
 use memwall_runtime::cpu::Reference;
 use memwall_runtime::{Backend, DType, Error, HostStorage, Linear, Tensor, WeightScale};
 use proptest::prelude::*;
@@ -23,10 +23,6 @@ use proptest::sample::select;
 use proptest::test_runner::{RngSeed, TestRunner};
 
 static REF: Reference = Reference;
-
-/// Cases per op and backend: emulation runs every GPU thread as a fiber on one core.
-const EMU_CASES: u32 = 16;
-const CUDA_CASES: u32 = 64;
 
 const PICKED: [usize; 5] = [1, 2, 3, 5, 17];
 
@@ -80,7 +76,13 @@ fn scale_kind() -> impl Strategy<Value = ScaleKind> {
 }
 
 /// A host scale of `kind` for a `[n, k]` table, and the scale of every element, row-major.
-fn make_scale(rng: &mut Rng, kind: ScaleKind, dtype: DType, n: usize, k: usize) -> (WeightScale<HostStorage>, Vec<f64>) {
+fn make_scale(
+    rng: &mut Rng,
+    kind: ScaleKind,
+    dtype: DType,
+    n: usize,
+    k: usize,
+) -> (WeightScale<HostStorage>, Vec<f64>) {
     match kind {
         ScaleKind::None => (WeightScale::None, vec![1.0; n * k]),
         ScaleKind::PerTensor => {
@@ -218,11 +220,20 @@ fn gather_rows_case<B: Backend>(b: &B, rows: usize, cols: usize, picked: usize, 
     let mut o = poisoned(b, DType::F32, &[picked, cols]);
     b.gather_rows(&src, &idx, &mut o).unwrap_or_else(|e| panic!("{who} gather_rows: {e}"));
     let mut o_ref = poisoned(&REF, DType::F32, &[picked, cols]);
-    REF.gather_rows(&upload(&REF, DType::F32, &[rows, cols], &sv), &upload_u32(&REF, &[picked], &iv), &mut o_ref)
-        .unwrap_or_else(|e| panic!("reference gather_rows: {e}"));
+    REF.gather_rows(
+        &upload(&REF, DType::F32, &[rows, cols], &sv),
+        &upload_u32(&REF, &[picked], &iv),
+        &mut o_ref,
+    )
+    .unwrap_or_else(|e| panic!("reference gather_rows: {e}"));
     // A copy: exact.
     let zero = vec![0.0; picked * cols];
-    assert_close(&format!("{who} gather_rows {rows}x{cols} idx {iv:?}"), &read_f32(b, &o), &read_f32(&REF, &o_ref), &zero);
+    assert_close(
+        &format!("{who} gather_rows {rows}x{cols} idx {iv:?}"),
+        &read_f32(b, &o),
+        &read_f32(&REF, &o_ref),
+        &zero,
+    );
 }
 
 /// An index beyond src is `IndexOutOfRange` at the next synchronize; its row is skipped.
@@ -278,7 +289,8 @@ fn scatter_compare<B: Backend>(b: &B, rows: usize, cols: usize, iv: &[u32], seed
     let idx = upload_u32(b, &[picked], iv);
     let src = upload(b, DType::F32, &[picked, cols], &sv);
     let weights = upload(b, DType::F32, &[picked], &wv);
-    b.scatter_add_rows(&mut d, &idx, &src, &weights).unwrap_or_else(|e| panic!("{who} scatter_add_rows: {e}"));
+    b.scatter_add_rows(&mut d, &idx, &src, &weights)
+        .unwrap_or_else(|e| panic!("{who} scatter_add_rows: {e}"));
     let got = match (b.read_f32(&d), skip.first()) {
         (Ok(v), None) => v,
         (Err(Error::IndexOutOfRange { op: "scatter_add_rows", row, index, len }), Some(&first))
@@ -364,7 +376,12 @@ const ROWS: usize = 3;
 
 /// `[ROWS, row..]` holding `bytes` exactly sized, and the same in storage for `MAX` rows whose
 /// spare rows are poison.
-fn pair<B: Backend>(b: &B, dtype: DType, row: &[usize], bytes: &[u8]) -> (Tensor<B::Storage>, Tensor<B::Storage>) {
+fn pair<B: Backend>(
+    b: &B,
+    dtype: DType,
+    row: &[usize],
+    bytes: &[u8],
+) -> (Tensor<B::Storage>, Tensor<B::Storage>) {
     let shape = |r: usize| [&[r][..], row].concat();
     let exact = b.upload(dtype, &shape(ROWS), bytes).unwrap_or_else(|e| panic!("{}: upload: {e}", b.name()));
     let mut spare = poisoned(b, dtype, &shape(MAX));
@@ -395,7 +412,12 @@ fn same<B: Backend>(b: &B, name: &str, exact: &Tensor<B::Storage>, spare: &mut T
 fn set_rows_respected<B: Backend>(b: &B) {
     let mut rng = Rng::new(0x5e7_0006);
     let (vocab, cols) = (11, 20);
-    let table = Linear::plain(upload(b, DType::BF16, &[vocab, cols], &random_values(&mut rng, DType::BF16, vocab * cols)));
+    let table = Linear::plain(upload(
+        b,
+        DType::BF16,
+        &[vocab, cols],
+        &random_values(&mut rng, DType::BF16, vocab * cols),
+    ));
     let ids = [4u32, 10, 0];
     let (ie, mut is) = pair(b, DType::U32, &[], bytemuck::cast_slice(&ids));
     let (mut oe, mut os) = f32_pair(b, &mut rng, &[cols]);
@@ -430,6 +452,59 @@ fn set_rows_respected<B: Backend>(b: &B) {
 mod emulated {
     use super::*;
 
+    /// Cases per op and schedule: emulation runs every GPU thread as a fiber on one core.
+    const EMU_CASES: u32 = 16;
+
+    /// Every kernel the launchers of this family may launch is in the image.
+    #[test]
+    fn every_kernel_is_in_the_image() {
+        let have = memwall::kernels::simt_cuda().kernels();
+        for name in memwall::runtime::gpu::ops::rows::kernel_names() {
+            assert!(have.iter().any(|k| k == name), "{name} is not in the SIMT image");
+        }
+    }
+
+    fn field_size<S, F>(_: impl Fn(&S) -> &F) -> usize {
+        std::mem::size_of::<F>()
+    }
+
+    /// The Rust mirrors of this family's params structs match the layout the compiled C++
+    /// registered (MW_LAYOUT): every field's offset and size, and the struct's size.
+    #[test]
+    fn params_layouts_match_the_kernels() {
+        use memwall::runtime::gpu::ops::rows::*;
+        let layouts = memwall::kernels::simt_cuda().layouts();
+        macro_rules! check {
+            ($s:ident { $($f:ident),* }) => {{
+                let mut want = vec![$((stringify!($f).to_string(), std::mem::offset_of!($s, $f), field_size(|p: &$s| &p.$f))),*];
+                let mut got = Vec::new();
+                for l in layouts.iter().filter(|l| l.strct == stringify!($s)) {
+                    assert_eq!(l.struct_size, std::mem::size_of::<$s>(), "size of {}", stringify!($s));
+                    got.push((l.field.clone(), l.offset, l.size));
+                }
+                want.sort_by_key(|f| f.1);
+                got.sort_by_key(|f| f.1);
+                assert_eq!(got, want, "fields of {}", stringify!($s));
+            }};
+        }
+        check!(EmbeddingParams {
+            out,
+            table,
+            ids,
+            scales,
+            status,
+            picked,
+            vocab,
+            cols,
+            block_rows,
+            block_cols,
+            scale,
+            pad
+        });
+        check!(GatherRowsParams { out, src, idx, status, picked, rows, cols });
+        check!(ScatterAddRowsParams { dst, idx, src, weights, status, rows, picked, cols, rows_per_group });
+    }
+
     #[test]
     fn embedding_matches_reference() {
         for (name, b) in gpu::emulated() {
@@ -462,6 +537,8 @@ mod emulated {
 #[cfg(feature = "cuda")]
 mod cuda {
     use super::*;
+
+    const CUDA_CASES: u32 = 64;
 
     #[test]
     #[ignore = "needs a CUDA device"]

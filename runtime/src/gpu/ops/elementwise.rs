@@ -101,10 +101,9 @@ pub fn rms_norm_launch(rows: usize, cols: usize, info: &DeviceInfo) -> Result<(b
     let max_blocks = info.max_grid[0] as usize;
     if cols <= NORM_WARP_MAX_COLS {
         let blocks = rows.div_ceil(NORM_ROWS_PER_BLOCK as usize).min(max_blocks);
-        let threads = NORM_ROWS_PER_BLOCK.checked_mul(info.warp_size).ok_or_else(|| Error::Argument {
-            op,
-            msg: format!("warp of {} threads", info.warp_size),
-        })?;
+        let threads = NORM_ROWS_PER_BLOCK
+            .checked_mul(info.warp_size)
+            .ok_or_else(|| Error::Argument { op, msg: format!("warp of {} threads", info.warp_size) })?;
         Ok((true, LaunchCfg::linear(dim(op, "blocks", blocks)?, threads, 0)))
     } else {
         Ok((false, LaunchCfg::linear(dim(op, "blocks", rows.min(max_blocks))?, NORM_THREADS, 0)))
@@ -196,7 +195,13 @@ pub(crate) fn add_assign<D: Device>(g: &Gpu<D>, d: RowsDims, x: &mut T<D>, y: &T
     unsafe { g.launch("add_assign_f32", cfg, &p) }
 }
 
-pub(crate) fn silu_mul<D: Device>(g: &Gpu<D>, d: RowsDims, gate: &T<D>, up: &T<D>, out: &mut T<D>) -> Result<()> {
+pub(crate) fn silu_mul<D: Device>(
+    g: &Gpu<D>,
+    d: RowsDims,
+    gate: &T<D>,
+    up: &T<D>,
+    out: &mut T<D>,
+) -> Result<()> {
     let n = d.rows as u64 * d.cols as u64;
     let p = SiluMulParams { out: addr::<D>(out), gate: addr::<D>(gate), up: addr::<D>(up), n };
     let grid = element_grid(n, ELEMENT_VEC, g.device().info().sm_count);
@@ -216,8 +221,8 @@ pub(crate) fn rms_norm<D: Device>(
     y: &mut T<D>,
 ) -> Result<()> {
     let (warp, cfg) = rms_norm_launch(d.rows, d.cols, g.device().info())?;
-    let name = rms_norm_kernel(weight.dtype(), warp)
-        .ok_or_else(|| super::unsupported("rms_norm", g.name()))?;
+    let name =
+        rms_norm_kernel(weight.dtype(), warp).ok_or_else(|| super::unsupported("rms_norm", g.name()))?;
     let p = RmsNormParams {
         y: addr::<D>(y),
         x: addr::<D>(x),

@@ -146,7 +146,9 @@ fn embedding_kernel(table: DType, scale: Option<DType>) -> Option<&'static str> 
 pub fn kernel_names() -> Vec<&'static str> {
     let mut names = vec!["gather_rows_f32", "scatter_add_rows_f32"];
     for w in DType::FLOATS {
-        names.extend([None, Some(DType::F32), Some(DType::BF16)].into_iter().filter_map(|s| embedding_kernel(w, s)));
+        names.extend(
+            [None, Some(DType::F32), Some(DType::BF16)].into_iter().filter_map(|s| embedding_kernel(w, s)),
+        );
     }
     names
 }
