@@ -453,7 +453,7 @@ mod emulated {
     use super::*;
 
     /// Cases per op and schedule: emulation runs every GPU thread as a fiber on one core.
-    const EMU_CASES: u32 = 16;
+    const EMU_CASES: u32 = 48;
 
     /// Every kernel the launchers of this family may launch is in the image.
     #[test]
