@@ -432,19 +432,36 @@ std::string deadlock_report(Sched& s) {
     unsigned n_barrier = 0, n_exited = 0;
     for (Fiber& f : s.fibers) {
         if (f.state == State::barrier) {
-            if (++n_barrier <= 8) at_barrier += (at_barrier.empty() ? "" : ", ") + thread_name(f);
+            if (++n_barrier <= 4) at_barrier += (at_barrier.empty() ? "" : ", ") + thread_name(f);
         } else if (f.state == State::exited) {
             ++n_exited;
-        } else if (f.state == State::warp) {
-            if (!at_warp.empty()) at_warp += "; ";
-            at_warp += strf("%s in %s (mask 0x%llx)", thread_name(f).c_str(), f.what, (unsigned long long)f.mask);
         }
     }
-    if (n_barrier > 8) at_barrier += strf(" and %u more", n_barrier - 8);
-    return strf("%s: deadlock: %u threads wait at __syncthreads (%s); waiting in warp collectives that "
-                  "cannot complete: %s; %u exited",
-                  block_name().c_str(), n_barrier, at_barrier.empty() ? "none" : at_barrier.c_str(),
-                  at_warp.c_str(), n_exited);
+    if (n_barrier > 4) at_barrier += strf(" and %u more", n_barrier - 4);
+    // Warp waiters, grouped per warp and collective: "warp 0 lanes 1-31 in __shfl_sync (mask ...)".
+    for (unsigned first = 0; first < s.nthreads; first += unsigned(kWarp)) {
+        const unsigned end = std::min(first + unsigned(kWarp), s.nthreads);
+        for (unsigned i = first; i < end; ++i) {
+            const Fiber& f = s.fibers[i];
+            if (f.state != State::warp) continue;
+            bool seen = false;
+            for (unsigned j = first; j < i && !seen; ++j) {
+                seen = s.fibers[j].state == State::warp && s.fibers[j].what == f.what && s.fibers[j].mask == f.mask;
+            }
+            if (seen) continue;
+            lanemask lanes = 0;
+            for (unsigned j = i; j < end; ++j) {
+                const Fiber& g = s.fibers[j];
+                if (g.state == State::warp && g.what == f.what && g.mask == f.mask) lanes |= lane_bit(j - first);
+            }
+            if (!at_warp.empty()) at_warp += "; ";
+            at_warp += strf("warp %u lanes %s in %s (mask 0x%llx)", first / unsigned(kWarp), lanes_text(lanes).c_str(),
+                            f.what, (unsigned long long)f.mask);
+        }
+    }
+    return strf("%s: deadlock: %u threads wait at __syncthreads (%s) while %s cannot complete; %u exited",
+                block_name().c_str(), n_barrier, at_barrier.empty() ? "none" : at_barrier.c_str(), at_warp.c_str(),
+                n_exited);
 }
 
 // The order of this round's runnable fibers.

@@ -1,6 +1,11 @@
 //! The launchers, one module per kernel family of `kernels-cuda/`: each holds the `#[repr(C)]`
 //! mirror of its params structs (`kernels-cuda/params/<family>.h`), the launch heuristics as pure
 //! functions of (dims, dtypes, device info), and the typed launcher with the one `unsafe` call.
+//!
+//! Every mirror is listed in [`params_layouts`], one `params_layout!` line per struct; the
+//! freshness test (`tests/simt.rs`) compares that table with the `MW_LAYOUT` entries the C++
+//! compiler registered in the emulated image, field by field, and fails on a struct that exists
+//! on one side only.
 
 pub mod attention;
 pub mod elementwise;
@@ -19,4 +24,63 @@ pub(crate) fn addr<D: Device>(t: &Tensor<GpuStorage<D::Buffer>>) -> u64 {
 /// `Unsupported` for an op this device does not run yet.
 pub(crate) fn unsupported(op: &'static str, backend: &'static str) -> Error {
     Error::Unsupported { backend, op, reason: "no kernel for this op yet".into() }
+}
+
+/// One params struct as Rust lays it out (`params_layout!`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParamsLayout {
+    /// The struct's name, as in the C header.
+    pub name: &'static str,
+    pub size: usize,
+    /// `(field, offset, size)` in declaration order.
+    pub fields: Vec<(&'static str, usize, usize)>,
+}
+
+impl ParamsLayout {
+    /// A layout from the tokens `params_layout!` saw: a path (`elementwise::AddAssignParams`) is
+    /// named by its last segment, a raw field name (`r#in`) without its `r#`.
+    #[doc(hidden)]
+    pub fn from_tokens(path: &'static str, size: usize, fields: Vec<(&'static str, usize, usize)>) -> Self {
+        let name = path.rsplit("::").next().unwrap_or(path).trim();
+        let fields = fields.into_iter().map(|(f, o, s)| (f.trim_start_matches("r#"), o, s)).collect();
+        ParamsLayout { name, size, fields }
+    }
+}
+
+/// The size of the field a projection `|s: &S| &s.f` reaches.
+#[doc(hidden)]
+pub fn field_size<S, F>(_: fn(&S) -> &F) -> usize {
+    std::mem::size_of::<F>()
+}
+
+/// The [`ParamsLayout`] of a `#[repr(C)]` params mirror: `params_layout!(AddAssignParams { x, y, n })`
+/// with every field, in declaration order.
+#[macro_export]
+macro_rules! params_layout {
+    ($S:ty { $($f:ident),* $(,)? }) => {
+        $crate::gpu::ops::ParamsLayout::from_tokens(
+            stringify!($S),
+            ::std::mem::size_of::<$S>(),
+            vec![$((
+                stringify!($f),
+                ::std::mem::offset_of!($S, $f),
+                $crate::gpu::ops::field_size(|s: &$S| &s.$f),
+            )),*],
+        )
+    };
+}
+
+/// Every params mirror of the launchers: one line per struct of `kernels-cuda/params/*.h`.
+pub fn params_layouts() -> Vec<ParamsLayout> {
+    vec![
+        // attention.rs
+
+        // elementwise.rs
+        params_layout!(elementwise::AddAssignParams { x, y, n }),
+        // linear.rs
+
+        // rows.rs
+
+        // select.rs
+    ]
 }
