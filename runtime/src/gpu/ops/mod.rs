@@ -114,10 +114,47 @@ pub fn params_layouts() -> Vec<ParamsLayout> {
         }),
         // elementwise.rs
         params_layout!(elementwise::AddAssignParams { x, y, n }),
+        params_layout!(elementwise::SiluMulParams { out, gate, up, n }),
+        params_layout!(elementwise::RmsNormParams { y, x, weight, rows, cols, eps, pad }),
+        params_layout!(elementwise::RopeParams {
+            x,
+            positions,
+            rows,
+            heads,
+            half,
+            heads_per_block,
+            pad,
+            inv_freq
+        }),
         // linear.rs
 
         // rows.rs
-
+        params_layout!(rows::EmbeddingParams {
+            out,
+            table,
+            ids,
+            scales,
+            status,
+            picked,
+            vocab,
+            cols,
+            block_rows,
+            block_cols,
+            scale,
+            pad
+        }),
+        params_layout!(rows::GatherRowsParams { out, src, idx, status, picked, rows, cols }),
+        params_layout!(rows::ScatterAddRowsParams {
+            dst,
+            idx,
+            src,
+            weights,
+            status,
+            rows,
+            picked,
+            cols,
+            rows_per_group
+        }),
         // select.rs
     ]
 }
