@@ -21,8 +21,12 @@ use serde_json::Value;
 
 pub const TOLERANCE: f64 = 1e-4;
 
+/// `tests/parity/fixtures` of the workspace root: the kit is compiled into the model crate's tests
+/// (manifest `model/`) and the root crate's (manifest `.`).
 pub fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/parity/fixtures")
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let here = manifest.join("tests/parity/fixtures");
+    if here.is_dir() { here } else { manifest.join("../tests/parity/fixtures") }
 }
 
 struct Expected {

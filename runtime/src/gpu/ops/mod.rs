@@ -9,6 +9,7 @@
 
 pub mod attention;
 pub mod elementwise;
+pub mod gemm;
 pub mod linear;
 pub mod rows;
 pub mod select;
@@ -126,7 +127,9 @@ pub fn params_layouts() -> Vec<ParamsLayout> {
             pad,
             inv_freq
         }),
-        // linear.rs
+        // gemm.rs
+
+        // linear.rs (GEMV)
 
         // rows.rs
         params_layout!(rows::EmbeddingParams {
