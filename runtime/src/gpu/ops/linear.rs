@@ -1,14 +1,189 @@
-//! `linear`: GEMV (decode, a few rows) of `kernels-cuda/gemv.cu`; the other shapes go to
-//! [`super::gemm`].
+//! `linear`: GEMV for decode (`kernels-cuda/gemv.cu`, at most [`GEMV_MAX_ROWS`] rows) and the
+//! tiled GEMM for prefill ([`super::gemm`], `kernels-cuda/gemm.cu`); both take the params struct
+//! and the weight/scale plumbing of this module (`kernels-cuda/params/linear.h`).
 
-use super::super::{Device, Gpu, GpuStorage};
-use crate::ops::{Linear, LinearDims};
-use crate::{Backend, Result, Tensor};
+use super::super::{Device, DeviceInfo, Gpu, GpuStorage, LaunchCfg, dim};
+use super::addr;
+use crate::ops::{Linear, LinearDims, WeightScale};
+use crate::{Backend, DType, Error, Result, Tensor};
 
 type T<D> = Tensor<GpuStorage<<D as Device>::Buffer>>;
 
 /// The most rows (tokens) one GEMV launch takes; more go to GEMM.
 pub const GEMV_MAX_ROWS: usize = 16;
+/// The row tiles the GEMV kernels are compiled for (`_r<R>`).
+pub const GEMV_ROW_TILES: [usize; 3] = [1, 4, 16];
+/// `GEMV_WARPS` of gemv.cu: warps (output features) per block.
+pub const GEMV_WARPS: u32 = 4;
+/// Blocks per SM beyond which a grid-stride GEMV gains nothing.
+const GEMV_BLOCKS_PER_SM: usize = 32;
+
+/// `LinearParams` of `kernels-cuda/params/linear.h`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct LinearParams {
+    pub y: u64,
+    pub x: u64,
+    pub weight: u64,
+    pub scales: u64,
+    pub m: u64,
+    pub n: u64,
+    pub k: u64,
+    pub block_rows: u32,
+    pub block_cols: u32,
+    pub scale: f32,
+    pub y_dtype: u32,
+}
+
+/// `WidenParams` of `kernels-cuda/params/linear.h`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct WidenParams {
+    pub out: u64,
+    pub x: u64,
+    pub n: u64,
+}
+
+const _: () = {
+    use std::mem::{offset_of, size_of};
+    assert!(size_of::<LinearParams>() == 72);
+    assert!(offset_of!(LinearParams, block_rows) == 56 && offset_of!(LinearParams, y_dtype) == 68);
+    assert!(size_of::<WidenParams>() == 24);
+};
+
+/// The file-name suffix of a float dtype in kernel names.
+fn dtype_suffix(d: DType) -> Option<&'static str> {
+    Some(match d {
+        DType::F32 => "f32",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        DType::F8E4M3Fn => "e4m3fn",
+        DType::F8E4M3Fnuz => "e4m3fnuz",
+        DType::F8E5M2 => "e5m2",
+        DType::F8E5M2Fnuz => "e5m2fnuz",
+        DType::U32 => return None,
+    })
+}
+
+/// Kernel names come from a fixed set (`kernel_names`), so each is leaked once and reused.
+fn intern(name: String) -> &'static str {
+    use std::collections::HashSet;
+    use std::sync::{Mutex, OnceLock};
+    static NAMES: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
+    let mut set = NAMES.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&s) = set.get(name.as_str()) {
+        return s;
+    }
+    let s: &'static str = Box::leak(name.into_boxed_str());
+    set.insert(s);
+    s
+}
+
+/// `gemv_<w>[_block_<s>]_r<rows>` (`family` "gemv") or `gemm_<w>[_block_<s>]` (`rows` None).
+pub fn kernel_name(
+    family: &str,
+    weight: DType,
+    block_scale: Option<DType>,
+    rows: Option<usize>,
+) -> Option<&'static str> {
+    let w = dtype_suffix(weight)?;
+    let s = match block_scale {
+        None => String::new(),
+        Some(DType::F32) => "_block_f32".into(),
+        Some(DType::BF16) => "_block_bf16".into(),
+        Some(_) => return None,
+    };
+    let r = rows.map_or(String::new(), |r| format!("_r{r}"));
+    Some(intern(format!("{family}_{w}{s}{r}")))
+}
+
+/// The smallest GEMV row tile that holds `m` rows.
+pub fn gemv_row_tile(m: usize) -> Option<usize> {
+    GEMV_ROW_TILES.into_iter().find(|&r| r >= m)
+}
+
+/// The GEMV grid: one warp per output feature, capped where grid-striding takes over.
+pub fn gemv_launch(n: usize, info: &DeviceInfo) -> Result<LaunchCfg> {
+    let op = "linear";
+    let threads = GEMV_WARPS
+        .checked_mul(info.warp_size)
+        .ok_or_else(|| Error::Argument { op, msg: format!("warp of {} threads", info.warp_size) })?;
+    let cap = (info.sm_count.max(1) as usize * GEMV_BLOCKS_PER_SM).min(info.max_grid[0] as usize);
+    let blocks = n.div_ceil(GEMV_WARPS as usize).clamp(1, cap.max(1));
+    Ok(LaunchCfg::linear(dim(op, "blocks", blocks)?, threads, 0))
+}
+
+/// Every kernel name the linear launchers may use.
+pub fn kernel_names() -> Vec<&'static str> {
+    let mut names = vec!["linear_x_f32_bf16", "linear_x_f32_f16"];
+    for w in DType::FLOATS {
+        for s in [None, Some(DType::F32), Some(DType::BF16)] {
+            names.extend(GEMV_ROW_TILES.iter().filter_map(|&r| kernel_name("gemv", w, s, Some(r))));
+            names.extend(kernel_name("gemm", w, s, None));
+        }
+    }
+    names
+}
+
+/// The weight side of `LinearParams`: `(block scale dtype, scales, block_rows, block_cols, scale)`.
+/// A per-channel scale is the block scale of 1 x k blocks; block edges beyond the matrix act like
+/// the matrix's size, so they are clamped to fit the u32 fields.
+pub(crate) fn weight_params<D: Device>(
+    d: LinearDims,
+    w: &Linear<GpuStorage<D::Buffer>>,
+) -> Result<(Option<DType>, u64, u32, u32, f32)> {
+    let op = "linear";
+    Ok(match &w.scale {
+        WeightScale::None => (None, 0, 0, 0, 1.0),
+        WeightScale::PerTensor(s) => (None, 0, 0, 0, *s),
+        WeightScale::PerChannel(s) => (Some(s.dtype()), addr::<D>(s), 1, dim(op, "k", d.k)?, 1.0),
+        WeightScale::Block { block_rows, block_cols, scales } => (
+            Some(scales.dtype()),
+            addr::<D>(scales),
+            dim(op, "block rows", (*block_rows).min(d.n))?,
+            dim(op, "block cols", (*block_cols).min(d.k))?,
+            1.0,
+        ),
+    })
+}
+
+/// `MW_Y_*` of params/linear.h.
+fn y_code(y: DType) -> u32 {
+    match y {
+        DType::BF16 => 1,
+        DType::F16 => 2,
+        _ => 0,
+    }
+}
+
+/// Runs `f` with the device address of `x` as f32: `x` itself, or a scratch copy widened from
+/// bf16 / f16 by `linear_x_f32_<t>`.
+pub(crate) fn with_f32_x<D: Device, R>(
+    g: &Gpu<D>,
+    d: LinearDims,
+    x: &T<D>,
+    f: impl FnOnce(u64) -> Result<R>,
+) -> Result<R> {
+    let op = "linear";
+    let name = match x.dtype() {
+        DType::F32 => return f(addr::<D>(x)),
+        DType::BF16 => "linear_x_f32_bf16",
+        DType::F16 => "linear_x_f32_f16",
+        other => {
+            return Err(Error::DType { op, tensor: "x", got: other, allowed: DType::ACTIVATIONS.to_vec() });
+        }
+    };
+    let n = d.m * d.k;
+    g.with_scratch("linear_x", &[n * 4], |at| {
+        let p = WidenParams { out: at[0], x: addr::<D>(x), n: n as u64 };
+        let blocks = super::elementwise::element_grid(n as u64, 1, g.device().info().sm_count);
+        let cfg = LaunchCfg::linear(blocks, super::elementwise::ELEMENT_THREADS, 0);
+        // SAFETY: x holds m * k elements of its 16-bit dtype (checked by `check_linear`); the
+        // scratch holds n f32 and stays ours until `with_scratch` returns.
+        unsafe { g.launch(name, cfg, &p) }?;
+        f(at[0])
+    })
+}
 
 pub(crate) fn linear<D: Device>(
     g: &Gpu<D>,
@@ -20,5 +195,83 @@ pub(crate) fn linear<D: Device>(
     if d.m > GEMV_MAX_ROWS {
         return super::gemm::gemm(g, d, x, w, y);
     }
-    Err(super::unsupported("linear (gemv)", g.name()))
+    let op = "linear";
+    let rows = gemv_row_tile(d.m).ok_or_else(|| super::unsupported(op, g.name()))?;
+    let (scale_dtype, scales, block_rows, block_cols, scale) = weight_params::<D>(d, w)?;
+    let name = kernel_name("gemv", w.weight.dtype(), scale_dtype, Some(rows))
+        .ok_or_else(|| super::unsupported(op, g.name()))?;
+    let cfg = gemv_launch(d.n, g.device().info())?;
+    let y_addr = addr::<D>(y);
+    let y_dtype = y_code(y.dtype());
+    with_f32_x(g, d, x, |x_addr| {
+        let p = LinearParams {
+            y: y_addr,
+            x: x_addr,
+            weight: addr::<D>(&w.weight),
+            scales,
+            m: d.m as u64,
+            n: d.n as u64,
+            k: d.k as u64,
+            block_rows,
+            block_cols,
+            scale,
+            y_dtype,
+        };
+        // SAFETY: `check_linear` and `check_float_weight` checked x [m, k] (f32 here), the weight
+        // [n, k] of the kernel's dtype, its scales' shape and dtype, and y [m, n] of y_dtype, so
+        // every element the kernel reads or writes is inside its buffer; y is borrowed mutably.
+        unsafe { g.launch(name, cfg, &p) }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(sm: u32) -> DeviceInfo {
+        DeviceInfo {
+            name: "test".into(),
+            arch: (9, 0),
+            warp_size: 32,
+            sm_count: sm,
+            max_shared_per_block: 227 * 1024,
+            max_threads_per_block: 1024,
+            max_grid: [i32::MAX as u32, 65535, 65535],
+            total_memory: 1 << 40,
+        }
+    }
+
+    #[test]
+    fn row_tiles() {
+        assert_eq!(gemv_row_tile(1), Some(1));
+        assert_eq!(gemv_row_tile(2), Some(4));
+        assert_eq!(gemv_row_tile(4), Some(4));
+        assert_eq!(gemv_row_tile(5), Some(16));
+        assert_eq!(gemv_row_tile(16), Some(16));
+        assert_eq!(gemv_row_tile(17), None);
+    }
+
+    #[test]
+    fn gemv_grid() {
+        let cfg = gemv_launch(4096, &info(132)).unwrap();
+        assert_eq!((cfg.grid[0], cfg.block[0]), (1024, 128));
+        // lm_head: 128256 rows, capped at 32 blocks per SM and grid-strided.
+        assert_eq!(gemv_launch(128_256, &info(132)).unwrap().grid[0], 132 * 32);
+        assert_eq!(gemv_launch(1, &info(132)).unwrap().grid[0], 1);
+        let mut wave64 = info(4);
+        wave64.warp_size = 64;
+        assert_eq!(gemv_launch(9, &wave64).unwrap().block[0], 256);
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(kernel_name("gemv", DType::BF16, None, Some(1)), Some("gemv_bf16_r1"));
+        assert_eq!(
+            kernel_name("gemv", DType::F8E4M3Fn, Some(DType::BF16), Some(16)),
+            Some("gemv_e4m3fn_block_bf16_r16")
+        );
+        assert_eq!(kernel_name("gemm", DType::F16, Some(DType::F32), None), Some("gemm_f16_block_f32"));
+        assert_eq!(kernel_name("gemm", DType::U32, None, None), None);
+        assert_eq!(kernel_names().len(), 2 + 7 * 3 * 4);
+    }
 }

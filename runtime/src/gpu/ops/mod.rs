@@ -127,10 +127,21 @@ pub fn params_layouts() -> Vec<ParamsLayout> {
             pad,
             inv_freq
         }),
-        // gemm.rs
-
-        // linear.rs (GEMV)
-
+        // linear.rs (GEMV; gemm.rs takes the same params)
+        params_layout!(linear::LinearParams {
+            y,
+            x,
+            weight,
+            scales,
+            m,
+            n,
+            k,
+            block_rows,
+            block_cols,
+            scale,
+            y_dtype
+        }),
+        params_layout!(linear::WidenParams { out, x, n }),
         // rows.rs
         params_layout!(rows::EmbeddingParams {
             out,
@@ -159,5 +170,18 @@ pub fn params_layouts() -> Vec<ParamsLayout> {
             rows_per_group
         }),
         // select.rs
+        params_layout!(select::ArgmaxParams { logits, out, rows, cols }),
+        params_layout!(select::RouterParams { logits, ids, weights, rows, experts, k }),
+        params_layout!(select::SampleParams {
+            logits,
+            seeds,
+            steps,
+            out,
+            rows,
+            cols,
+            top_k,
+            temperature,
+            top_p
+        }),
     ]
 }

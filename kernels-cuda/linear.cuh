@@ -1,0 +1,67 @@
+// linear.cuh: what the two `linear` kernel files (gemv.cu, gemm.cu) share: weight elements
+// widened from 16-byte words, the scale of a weight element, and the store of y in its dtype.
+#pragma once
+#include "common.cuh"
+#include "params/linear.h"
+
+namespace mw_linear {
+
+// 16 bytes moved as one access.
+struct alignas(16) Words {
+    uint32_t e[4];
+};
+
+MW_DEV bool aligned16(const void* ptr) { return (reinterpret_cast<unsigned long long>(ptr) & 15u) == 0; }
+
+// Element i of 16 bytes of W, widened to f32 (exact for every dtype).
+template <typename W>
+MW_DEV float element(const Words& words, int i) {
+    if constexpr (sizeof(W) == 4) {
+        return __uint_as_float(words.e[i]);
+    } else if constexpr (sizeof(W) == 2) {
+        return mw::to_f32(W{uint16_t(words.e[i / 2] >> (16 * (i % 2)))});
+    } else {
+        static_assert(sizeof(W) == 1, "f32, 16-bit or fp8 elements");
+        return mw::to_f32(W{uint8_t(words.e[i / 4] >> (8 * (i % 4)))});
+    }
+}
+
+// The scale of weight element (j, l): none (the plain kernels apply p.scale to the row's sum) or
+// one block scale of dtype S.
+struct NoBlocks {
+    static constexpr bool BLOCKS = false;
+};
+template <typename S>
+struct Blocks {
+    static constexpr bool BLOCKS = true;
+    // scales[(j / block_rows) * ceil(k / block_cols) + l / block_cols]
+    MW_DEV static float at(const LinearParams& p, uint64_t j, uint64_t l) {
+        const uint64_t grid_cols = (p.k + p.block_cols - 1) / p.block_cols;
+        const S* s = reinterpret_cast<const S*>(p.scales);
+        return mw::to_f32(s[(j / p.block_rows) * grid_cols + l / p.block_cols]);
+    }
+};
+
+// y[i][j] = v in y's dtype (round to nearest even).
+MW_DEV void store_y(const LinearParams& p, uint64_t i, uint64_t j, float v) {
+    const uint64_t at = i * p.n + j;
+    if (p.y_dtype == MW_Y_BF16) {
+        reinterpret_cast<bf16*>(p.y)[at] = mw::from_f32<bf16>(v);
+    } else if (p.y_dtype == MW_Y_F16) {
+        reinterpret_cast<f16*>(p.y)[at] = mw::from_f32<f16>(v);
+    } else {
+        reinterpret_cast<float*>(p.y)[at] = v;
+    }
+}
+
+}  // namespace mw_linear
+
+// Every weight dtype x {plain, block f32 scales, block bf16 scales}: INSTANTIATE(suffix, W, Scale).
+#define MW_LINEAR_FOR_EACH_WEIGHT(INSTANTIATE, KIND)                                                 \
+    INSTANTIATE(f32, float, KIND)                                                                    \
+    INSTANTIATE(f16, f16, KIND)                                                                      \
+    INSTANTIATE(bf16, bf16, KIND)                                                                    \
+    INSTANTIATE(e4m3fn, e4m3fn, KIND)                                                                \
+    INSTANTIATE(e4m3fnuz, e4m3fnuz, KIND)                                                            \
+    INSTANTIATE(e5m2, e5m2, KIND)                                                                    \
+    INSTANTIATE(e5m2fnuz, e5m2fnuz, KIND)
