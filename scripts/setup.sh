@@ -24,4 +24,18 @@ if ! command -v c++ >/dev/null 2>&1 || [[ "$(c++ -print-file-name=libasan.so)" =
     exit 1
   fi
 fi
+# nvcc 13.0 from PyPI (matching the GPU machine's CUDA 13.0 driver), pinned, into .tools/cuda:
+# build/nvcc.rs finds it there and compiles every kernels-cuda/*.cu into fatbins (SASS for sm_80
+# and sm_90a, PTX for compute_90), failing on compile errors, warnings and register spills.
+# MEMWALL_NVCC=0 skips both the install and the fatbins.
+CUDA_PINS=(
+  nvidia-cuda-nvcc==13.0.88
+  nvidia-cuda-crt==13.0.88
+  nvidia-nvvm==13.0.88
+  nvidia-cuda-runtime==13.0.96
+  nvidia-cuda-cccl==13.0.85
+)
+if [[ "${MEMWALL_NVCC:-1}" != 0 && ! -x .tools/cuda/nvidia/cu13/bin/nvcc ]]; then
+  python3 -m pip install --quiet --disable-pip-version-check --no-deps --target .tools/cuda "${CUDA_PINS[@]}"
+fi
 cargo fetch --locked

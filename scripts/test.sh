@@ -7,6 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# setup.sh installed the pinned nvcc (unless MEMWALL_NVCC=0): the fatbins must then exist.
+if [[ "${MEMWALL_NVCC:-1}" != 0 ]]; then export MEMWALL_REQUIRE_NVCC=1; fi
 cargo test --workspace --locked --features memwall/emulate "$@"
 
 # The ASan pass: its own target dir (the instrumented images would otherwise replace the plain

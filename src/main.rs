@@ -61,4 +61,19 @@ fn info() {
         memwall::kernels::CUDA_SOURCES.len(),
         memwall::kernels::HIP_SOURCES.len()
     );
+    match memwall::kernels::CUDA_NVCC {
+        None => println!(
+            "CUDA fatbins: none (no nvcc at build time; the CUDA backend would compile the sources with NVRTC)"
+        ),
+        Some(nvcc) => {
+            let images = memwall::kernels::CUDA_FATBINS;
+            let targets = images.first().map_or(String::new(), |i| i.targets.join(", "));
+            let kernels: usize = memwall::kernels::CUDA_KERNELS.iter().map(|(_, _, k)| k.len()).sum();
+            let bytes: usize = images.iter().map(|i| i.fatbin.len()).sum();
+            println!(
+                "CUDA fatbins: {} images, {bytes} bytes, SASS for {targets} ({kernels} kernel entries), by {nvcc}",
+                images.len()
+            );
+        }
+    }
 }
