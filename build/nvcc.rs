@@ -45,10 +45,10 @@ fn find_nvcc(root: &Path) -> Option<PathBuf> {
             }
         }
     }
-    if let Some(path) = std::env::var_os("PATH") {
-        if let Some(p) = std::env::split_paths(&path).map(|d| d.join("nvcc")).find(|p| p.is_file()) {
-            return Some(p);
-        }
+    if let Some(p) = std::env::var_os("PATH")
+        .and_then(|path| std::env::split_paths(&path).map(|d| d.join("nvcc")).find(|p| p.is_file()))
+    {
+        return Some(p);
     }
     let pinned = root.join(".tools/cuda/nvidia/cu13/bin/nvcc");
     println!("cargo::rerun-if-changed={}", pinned.display());

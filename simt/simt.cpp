@@ -135,7 +135,13 @@ struct Stack {
     Stack(const Stack&) = delete;
     Stack& operator=(const Stack&) = delete;
     ~Stack() {
-        if (map) munmap(map, map_bytes);
+        if (!map) return;
+#if MW_SIMT_ASAN
+        // gcc 12's ASan leaves the shadow of an unmapped range as it was: clear the poison of
+        // abandoned frames so that a later mapping at this address does not inherit it.
+        __asan_unpoison_memory_region(lo, kStackBytes);
+#endif
+        munmap(map, map_bytes);
     }
     bool allocate() {
         const size_t page = size_t(sysconf(_SC_PAGESIZE));
@@ -147,6 +153,11 @@ struct Stack {
         }
         if (mprotect(map, page, PROT_NONE) != 0) return false;
         lo = static_cast<char*>(map) + page;
+#if MW_SIMT_ASAN
+        // The mmap interceptor of gcc 12's ASan does not clear the shadow: a range unmapped with
+        // poisoned frames on it (another OS thread's abandoned fibers) would come back poisoned.
+        __asan_unpoison_memory_region(lo, kStackBytes);
+#endif
         return true;
     }
 };

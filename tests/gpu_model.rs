@@ -10,7 +10,6 @@
 
 #![cfg(any(feature = "emulate", feature = "cuda"))]
 
-#[allow(dead_code)]
 mod common;
 #[path = "../model/tests/parity_kit/mod.rs"]
 mod parity_kit;

@@ -29,8 +29,6 @@ use proptest::prelude::*;
 use proptest::sample::select;
 use proptest::test_runner::{RngSeed, TestRunner};
 
-static REF: Reference = Reference;
-
 fn run_cases<S: Strategy>(who: &str, cases: u32, strategy: S, test: impl Fn(S::Value))
 where
     S::Value: Debug,
