@@ -27,15 +27,19 @@ fi
 # nvcc 13.0 from PyPI (matching the GPU machine's CUDA 13.0 driver), pinned, into .tools/cuda:
 # build/nvcc.rs finds it there and compiles every kernels-cuda/*.cu into fatbins (SASS for sm_80
 # and sm_90a, PTX for compute_90), failing on compile errors, warnings and register spills.
-# MEMWALL_NVCC=0 skips both the install and the fatbins.
+# NVRTC (a host library) comes with it: the CUDA backend compiles the embedded sources with it
+# when a build has no fatbins, and tests/cuda_nvrtc.rs checks that path here, without a GPU.
+# MEMWALL_NVCC=0 skips the install and the fatbins.
 CUDA_PINS=(
   nvidia-cuda-nvcc==13.0.88
   nvidia-cuda-crt==13.0.88
   nvidia-nvvm==13.0.88
   nvidia-cuda-runtime==13.0.96
   nvidia-cuda-cccl==13.0.85
+  nvidia-cuda-nvrtc==13.0.88
 )
-if [[ "${MEMWALL_NVCC:-1}" != 0 && ! -x .tools/cuda/nvidia/cu13/bin/nvcc ]]; then
-  python3 -m pip install --quiet --disable-pip-version-check --no-deps --target .tools/cuda "${CUDA_PINS[@]}"
+cu13=.tools/cuda/nvidia/cu13
+if [[ "${MEMWALL_NVCC:-1}" != 0 && ! ( -x $cu13/bin/nvcc && -e $cu13/lib/libnvrtc.so.13 ) ]]; then
+  python3 -m pip install --quiet --disable-pip-version-check --no-deps --upgrade --target .tools/cuda "${CUDA_PINS[@]}"
 fi
 cargo fetch --locked

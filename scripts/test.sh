@@ -8,8 +8,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # setup.sh installed the pinned nvcc (unless MEMWALL_NVCC=0): the fatbins must then exist.
-if [[ "${MEMWALL_NVCC:-1}" != 0 ]]; then export MEMWALL_REQUIRE_NVCC=1; fi
-cargo test --workspace --locked --features memwall/emulate "$@"
+# NVRTC, installed beside it, is loaded at run time by tests/cuda_nvrtc.rs.
+if [[ "${MEMWALL_NVCC:-1}" != 0 ]]; then
+  export MEMWALL_REQUIRE_NVCC=1 MEMWALL_REQUIRE_NVRTC=1
+  export LD_LIBRARY_PATH="$PWD/.tools/cuda/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+# `cuda` builds the CUDA backend too (cudarc, loaded at run time): its GPU suites are #[ignore]d
+# here, its host-side paths (NVRTC, no-device errors) run.
+cargo test --workspace --locked --features memwall/emulate,memwall/cuda "$@"
 
 # The ASan pass: its own target dir (the instrumented images would otherwise replace the plain
 # ones and force a rebuild on every switch), test binaries run through scripts/asan-runner.sh.

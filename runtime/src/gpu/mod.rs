@@ -17,6 +17,8 @@
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod emu;
+#[cfg(feature = "cuda")]
+pub mod nvrtc;
 pub mod ops;
 pub mod status;
 
