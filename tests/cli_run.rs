@@ -137,7 +137,7 @@ fn run_errors() {
     let dir = fixture("llama_tied_f32");
     let d = dir.to_str().unwrap();
     for (args, msg) in [
-        (vec!["--tokens", "1,2", "--max-new-tokens", "2", "--backend", "cuda"], "not built in this version"),
+        (vec!["--tokens", "1,2", "--max-new-tokens", "2", "--backend", "hip"], "not written yet"),
         (vec!["--tokens", "1,256", "--max-new-tokens", "2", "--backend", "cpu-ref"], "out of range"),
         (vec!["--tokens", "1,x", "--max-new-tokens", "2", "--backend", "cpu-ref"], "not a token id"),
         (vec!["--tokens", "1", "--max-new-tokens", "200", "--backend", "cpu-ref"], "max_position_embeddings"),
@@ -154,6 +154,54 @@ fn run_errors() {
         memwall(&["run", "--model", "/nonexistent/memwall", "--tokens", "1", "--max-new-tokens", "1"]);
     assert!(!ok);
     assert!(err.contains("cannot read"), "{err}");
+}
+
+/// `--backend cuda`: without the feature, an error saying how to build it; with it and no
+/// device, the backend's own "no CUDA device" error (a GPU machine runs it for real).
+#[test]
+fn run_on_cuda_is_an_error_without_a_device() {
+    #[cfg(feature = "cuda")]
+    if memwall::runtime::gpu::cuda::device_count().is_ok_and(|n| n > 0) {
+        eprintln!("skipping: a CUDA device is present (the GPU suites run it)");
+        return;
+    }
+    let dir = fixture("llama_tied_f32");
+    let d = dir.to_str().unwrap();
+    let (ok, _, err) =
+        memwall(&["run", "--model", d, "--tokens", "1,2", "--max-new-tokens", "2", "--backend", "cuda"]);
+    assert!(!ok);
+    let want = if cfg!(feature = "cuda") { "no CUDA device" } else { "--features cuda" };
+    assert!(err.contains(want), "{err}");
+}
+
+/// `--backend cuda-emu` runs the CUDA kernels through the unchanged graph (on the SIMT emulator)
+/// and reports its backend; the ids it generates are compared with the CPU in tests/gpu_model.rs
+/// (logits, with tolerances), not here.
+#[test]
+fn run_on_the_emulated_gpu() {
+    let dir = fixture("llama_tied_f32");
+    let d = dir.to_str().unwrap();
+    let args = [
+        "run",
+        "--model",
+        d,
+        "--tokens",
+        "1,2,3",
+        "--max-new-tokens",
+        "3",
+        "--backend",
+        "cuda-emu",
+        "--json",
+    ];
+    let (ok, out, err) = memwall(&args);
+    if !cfg!(feature = "emulate") {
+        assert!(!ok && err.contains("--features emulate"), "{err}");
+        return;
+    }
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("json");
+    assert_eq!(v["backend"], "cuda-emu");
+    assert_eq!(v["tokens"].as_array().map(Vec::len), Some(3));
 }
 
 #[test]

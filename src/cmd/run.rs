@@ -15,7 +15,12 @@ enum BackendName {
     Cpu,
     /// The reference CPU backend (f64 accumulation; slow, exact).
     CpuRef,
+    /// An NVIDIA GPU through cudarc (builds with `--features cuda`).
     Cuda,
+    /// The CUDA kernels run on the CPU by the SIMT emulator (builds with `--features emulate`;
+    /// slow: for checking the GPU path without a GPU).
+    CudaEmu,
+    /// AMD GPUs (not built yet).
     Hip,
 }
 
@@ -117,10 +122,22 @@ pub fn run(args: &RunArgs) -> Result<(), BoxError> {
     match args.backend {
         BackendName::Cpu => run_on(memwall::default_backend(), args, &prompts, tokenizer.as_ref()),
         BackendName::CpuRef => run_on(memwall::runtime::cpu::Reference, args, &prompts, tokenizer.as_ref()),
-        BackendName::Cuda | BackendName::Hip => {
-            let name = if args.backend == BackendName::Cuda { "cuda" } else { "hip" };
-            Err(format!("the {name} backend is not built in this version of memwall; use --backend cpu")
-                .into())
+        #[cfg(feature = "cuda")]
+        BackendName::Cuda => run_on(memwall::cuda_backend(0)?, args, &prompts, tokenizer.as_ref()),
+        #[cfg(feature = "emulate")]
+        BackendName::CudaEmu => run_on(
+            memwall::emulated_backend(memwall::runtime::gpu::emu::Schedule::Forward)?,
+            args,
+            &prompts,
+            tokenizer.as_ref(),
+        ),
+        other => {
+            let why = match other {
+                BackendName::Cuda => "build with `--features cuda`",
+                BackendName::CudaEmu => "build with `--features emulate`",
+                _ => "the HIP backend is not written yet",
+            };
+            Err(format!("backend {other:?} is not in this build ({why}); use --backend cpu").into())
         }
     }
 }

@@ -24,6 +24,10 @@ pub const TOLERANCE: f64 = 1e-4;
 /// `tests/parity/fixtures` of the workspace root: the kit is compiled into the model crate's tests
 /// (manifest `model/`) and the root crate's (manifest `.`).
 pub fn fixtures() -> PathBuf {
+    // A test executable run away from its checkout (scripts/device-check.sh) is told where.
+    if let Some(dir) = std::env::var_os("MEMWALL_FIXTURES") {
+        return PathBuf::from(dir);
+    }
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let here = manifest.join("tests/parity/fixtures");
     if here.is_dir() { here } else { manifest.join("../tests/parity/fixtures") }
