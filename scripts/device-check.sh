@@ -13,7 +13,9 @@
 #      f64 reference at the CPU suites' shapes and tolerances; tests/gpu_model.rs: the parity
 #      fixtures through the unchanged graph) and the host-side CUDA tests (tests/cuda_*.rs);
 #   3. runs `memwall run --backend cuda` on a parity fixture;
-#   4. prints one line per step (pass/fail, seconds) and writes every log to DIR (default $OUT,
+#   4. runs benches/gpu.rs: the copy peak, then GEMV at the Llama 3.1 8B shapes (bf16, e4m3fn
+#      per-channel) as a percentage of it;
+#   5. prints one line per step (pass/fail, seconds) and writes every log to DIR (default $OUT,
 #      else target/device-check/results).
 # Each step has its own time limit; the whole run fits in about 8 minutes on one H200.
 #
@@ -21,8 +23,8 @@
 #   bash scripts/device-check.sh build
 #   run(command="bash scripts/device-check.sh run", carry=["target/device-check"], timeout_s=540)
 #
-# Not yet here (issue 5): the GPU benches (bandwidth against the measured copy peak, cuBLAS as the
-# peer) and the 8B-shaped end-to-end decode; the summary says so rather than pretending.
+# Not yet here (issue 5): cuBLAS as the GEMV peer, attention benches and the 8B-shaped end-to-end
+# decode; the summary says so rather than pretending.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pack=target/device-check
@@ -34,11 +36,13 @@ build() {
   local features=memwall/cuda
   local args=(--locked --features "$features")
   for s in "${suites[@]}"; do args+=(--test "$s"); done
+  # benches/gpu.rs, built by the same command (test profile: opt-level 3, as the suites).
+  args+=(--bench gpu)
   # The executables cargo built, from its JSON messages (test profile, as scripts/test.sh).
   cargo test "${args[@]}" --no-run --message-format=json >target/device-check.json
   cargo build --locked --profile test --features "$features" --bin memwall
   rm -rf "$pack" && mkdir -p "$pack/bin"
-  python3 - "$pack/bin" "${suites[@]}" <<'EOF'
+  python3 - "$pack/bin" "${suites[@]}" gpu <<'EOF'
 import json, shutil, sys
 dest, wanted = sys.argv[1], set(sys.argv[2:])
 for line in open("target/device-check.json"):
@@ -48,7 +52,7 @@ for line in open("target/device-check.json"):
 EOF
   cp target/debug/memwall "$pack/bin/memwall"
   strip "$pack"/bin/*
-  for s in "${suites[@]}"; do [[ -x "$pack/bin/$s" ]] || { echo "device-check: $s was not built" >&2; exit 1; }; done
+  for s in "${suites[@]}" gpu; do [[ -x "$pack/bin/$s" ]] || { echo "device-check: $s was not built" >&2; exit 1; }; done
   tar -C "$pack" -cJf "$pack/bin.tar.xz" bin && rm -rf "$pack/bin"
   git rev-parse HEAD >"$pack/commit"
   ls -l "$pack"
@@ -91,7 +95,11 @@ run() {
   done
   step run-cuda 60 "$bin/memwall" run --model tests/parity/fixtures/llama_tied_f32 --tokens 1,2,3 \
     --max-new-tokens 4 --backend cuda --json
-  echo "not run yet: GPU benches (bandwidth vs measured copy peak, cuBLAS peer), 8B-shaped decode (issue 5)" | tee -a "$results/summary.txt"
+  # GEMV at the Llama 3.1 8B shapes against the copy peak of the same run; its closing lines.
+  export CRITERION_HOME=$results/criterion
+  step bench-gpu 240 "$bin/gpu" --bench
+  sed -n '/^summary/,$p' "$results/bench-gpu.log" | tee -a "$results/summary.txt"
+  echo "not run yet: cuBLAS as the GEMV peer, attention benches, the 8B-shaped end-to-end decode (issue 5)" | tee -a "$results/summary.txt"
   rm -rf "$work"
 }
 

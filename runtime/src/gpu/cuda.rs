@@ -262,6 +262,17 @@ impl CudaDevice {
         self.ctx.mem_get_info().map_err(|e| driver("cuMemGetInfo", e))
     }
 
+    /// Copies all of `src` to the start of `dst` on the stream (`cuMemcpyDtoDAsync`): the
+    /// device's copy ceiling, as the benches measure it.
+    pub fn copy(&self, dst: &mut CudaBuffer, src: &CudaBuffer) -> Result<()> {
+        self.check_range("copy", dst.len, 0, src.len)?;
+        self.bind()?;
+        // SAFETY: both ranges lie inside live buffers of this context.
+        unsafe { sys::cuMemcpyDtoDAsync_v2(dst.ptr, src.ptr, src.len, self.stream.cu_stream()) }
+            .result()
+            .map_err(|e| driver(&format!("copying {} bytes on the device", src.len), e))
+    }
+
     fn check_range(&self, what: &str, len: usize, offset: usize, n: usize) -> Result<()> {
         if offset.checked_add(n).is_none_or(|end| end > len) {
             return Err(device_err(format!(
