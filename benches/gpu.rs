@@ -7,8 +7,11 @@
 //!    each shape rotating over enough copies of its weight to fill 1 GiB (above 3x the L2 of
 //!    every current NVIDIA part), so each call reads its weight from HBM; criterion times calls
 //!    with CUDA events (`iter_custom`), and the summary takes the best full rotation of 10;
-//! 3. one line per shape and dtype: `<kernel> <shape>: <GB/s> = <pct>% of measured copy peak`.
-//!    cuBLAS as the peer is not measured yet (issue 5): the line says so.
+//! 3. the peer: cuBLAS `cublasGemmEx` (bf16 W and x, f32 y and compute: the closest it offers
+//!    to our f32-activation GEMV; its bytes are counted the same way) on the same weight copies;
+//!    fp8 has no plain cuBLAS GEMV (cublasLt only), so those lines have no peer yet;
+//! 4. one line per shape and dtype:
+//!    `<kernel> <shape>: <GB/s> = <pct>% of measured copy peak; <ratio>x cuBLAS`.
 //!
 //! Bytes are `memwall_runtime::cost::linear_bytes` (weight + scales + x + y), decimal GB. Before
 //! timing, a few rows of each shape are checked against an f64 dot product, so a kernel that
@@ -24,6 +27,8 @@ use memwall::runtime::gpu::cuda::CudaDevice;
 use memwall::runtime::gpu::{Device, Gpu};
 use memwall::runtime::{Backend, DType, Linear, Tensor, WeightScale};
 use rayon::prelude::*;
+
+use memwall::runtime::gpu::cuda::cudarc::cublas::{result as cublas, sys as cublas_sys};
 
 /// Llama 3.1 8B projections of one layer, `(n rows, k cols)`.
 const SHAPES: [(usize, usize); 4] = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336)];
@@ -155,6 +160,82 @@ fn best_rotation(gpu: &CudaGpu, s: &mut Shape) -> f64 {
     best
 }
 
+/// A cuBLAS handle on the backend's stream, if libcublas can be loaded.
+struct Cublas(cublas_sys::cublasHandle_t);
+
+impl Cublas {
+    fn new(dev: &CudaDevice) -> Result<Cublas, String> {
+        // SAFETY: only tries to open the library.
+        if !unsafe { cublas_sys::is_culib_present() } {
+            return Err("libcublas not found".into());
+        }
+        let h = cublas::create_handle().map_err(|e| format!("cublasCreate: {e:?}"))?;
+        // SAFETY: a live handle; the stream lives as long as `dev`, which outlives the handle.
+        unsafe { cublas::set_stream(h, dev.cu_stream() as cublas_sys::cudaStream_t) }
+            .map_err(|e| format!("cublasSetStream: {e:?}"))?;
+        Ok(Cublas(h))
+    }
+}
+
+impl Drop for Cublas {
+    fn drop(&mut self) {
+        // SAFETY: created by cublasCreate, destroyed once.
+        let _ = unsafe { cublas::destroy_handle(self.0) };
+    }
+}
+
+/// cuBLAS's best rotation over the bf16 weights of `s`, seconds per call: `y = W x` as
+/// column-major `W^T` (k x n, lda k) transposed times x (k x 1), bf16 in, f32 out and compute.
+fn cublas_rotation(gpu: &CudaGpu, blas: &Cublas, s: &Shape, x_bf16: &Tensor<Storage>) -> f64 {
+    let dev = gpu.device();
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    let (n, k) = (s.n as i32, s.k as i32);
+    let x = CudaDevice::address(x_bf16.storage().buffer());
+    let y = CudaDevice::address(s.y.storage().buffer());
+    let mut best = f64::INFINITY;
+    for _ in 0..ROTATIONS {
+        let t = dev
+            .time(|| {
+                for w in &s.weights {
+                    let a = CudaDevice::address(w.weight.storage().buffer());
+                    // SAFETY: the pointers are live device buffers of these shapes and dtypes
+                    // on the handle's stream's context; alpha and beta are host scalars.
+                    unsafe {
+                        cublas::gemm_ex(
+                            blas.0,
+                            cublas_sys::cublasOperation_t::CUBLAS_OP_T,
+                            cublas_sys::cublasOperation_t::CUBLAS_OP_N,
+                            n,
+                            1,
+                            k,
+                            (&alpha as *const f32).cast(),
+                            a as *const std::ffi::c_void,
+                            cublas_sys::cudaDataType::CUDA_R_16BF,
+                            k,
+                            x as *const std::ffi::c_void,
+                            cublas_sys::cudaDataType::CUDA_R_16BF,
+                            k,
+                            (&beta as *const f32).cast(),
+                            y as *mut std::ffi::c_void,
+                            cublas_sys::cudaDataType::CUDA_R_32F,
+                            n,
+                            cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                            cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                        )
+                    }
+                    .map_err(|e| memwall::runtime::Error::Device {
+                        device: "cublas".into(),
+                        msg: format!("{e:?}"),
+                    })?;
+                }
+                Ok(())
+            })
+            .expect("timed cuBLAS rotation");
+        best = best.min(t / s.weights.len() as f64);
+    }
+    best
+}
+
 /// Device-to-device copy of `WORKING_SET` bytes, best of 10, in GB/s counting read + written.
 fn copy_peak(dev: &CudaDevice) -> f64 {
     let src = dev.alloc(WORKING_SET).expect("allocate copy source");
@@ -184,6 +265,10 @@ fn main() {
         info.total_memory as f64 / 1e9
     );
     let peak_before = copy_peak(gpu.device());
+    let blas = Cublas::new(gpu.device());
+    if let Err(e) = &blas {
+        println!("cuBLAS peer: unavailable ({e})");
+    }
     println!("copy peak: {peak_before:.1} GB/s (read + written, 1 GiB, best of 10)");
 
     let mut c = Criterion::default()
@@ -217,8 +302,17 @@ fn main() {
             });
             let per_call = best_rotation(&gpu, &mut s);
             let gbs = s.bytes_per_call as f64 / per_call / 1e9;
+            let peer = match (&blas, dtype) {
+                (Ok(blas), DType::BF16) => {
+                    let x = gpu.upload_f32(DType::BF16, &[1, k], &random_unit(k, 7)).expect("upload bf16 x");
+                    let t = cublas_rotation(&gpu, blas, &s, &x);
+                    format!("{:.2}x cuBLAS ({:.1} GB/s)", t / per_call, s.bytes_per_call as f64 / t / 1e9)
+                }
+                (Ok(_), _) => "no cuBLAS peer for fp8 GEMV (cublasLt only)".into(),
+                (Err(_), _) => "cuBLAS unavailable".into(),
+            };
             lines.push(format!(
-                "gemv {dtype} {n}x{k}: {gbs:.1} GB/s = {:.1}% of measured copy peak; cuBLAS peer: not measured yet",
+                "gemv {dtype} {n}x{k}: {gbs:.1} GB/s = {:.1}% of measured copy peak; {peer}",
                 100.0 * gbs / peak_before
             ));
         }

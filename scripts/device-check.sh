@@ -23,7 +23,7 @@
 #   bash scripts/device-check.sh build
 #   run(command="bash scripts/device-check.sh run", carry=["target/device-check"], timeout_s=540)
 #
-# Not yet here (issue 5): cuBLAS as the GEMV peer, attention benches and the 8B-shaped end-to-end
+# Not yet here (issue 5): attention benches and the 8B-shaped end-to-end
 # decode; the summary says so rather than pretending.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -83,6 +83,13 @@ run() {
   tar -C "$work" -xJf "$pack/bin.tar.xz"
   local bin=$work/bin
   export MEMWALL_REQUIRE_GPU=1 MEMWALL_FIXTURES=$PWD/tests/parity/fixtures
+  # CUDA libraries shipped in Python packages (PyTorch's cuBLAS and NVRTC), when the system has
+  # none on the loader path: the bench's cuBLAS peer and the NVRTC test load them at run time.
+  local nv
+  if nv=$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null); then
+    for d in "$nv"/*/lib; do [[ -d $d ]] && LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; done
+    export LD_LIBRARY_PATH
+  fi
   echo "memwall device check of $(cat "$pack/commit" 2>/dev/null || echo '?') on $(hostname), $(date -u +%FT%TZ)" | tee -a "$results/summary.txt"
   step nvidia-smi 30 nvidia-smi -q
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.memory --format=csv,noheader 2>/dev/null | tee -a "$results/summary.txt" || true
@@ -99,7 +106,7 @@ run() {
   export CRITERION_HOME=$results/criterion
   step bench-gpu 240 "$bin/gpu" --bench
   sed -n '/^summary/,$p' "$results/bench-gpu.log" | tee -a "$results/summary.txt"
-  echo "not run yet: cuBLAS as the GEMV peer, attention benches, the 8B-shaped end-to-end decode (issue 5)" | tee -a "$results/summary.txt"
+  echo "not run yet: attention benches, the 8B-shaped end-to-end decode (issue 5)" | tee -a "$results/summary.txt"
   rm -rf "$work"
 }
 

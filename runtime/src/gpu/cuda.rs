@@ -19,6 +19,9 @@ use std::collections::HashMap;
 use std::ffi::{CString, c_void};
 use std::sync::{Arc, Mutex};
 
+/// The cudarc this backend is built on, for code that calls CUDA libraries beside it (the
+/// benches' cuBLAS peer) on [`CudaDevice::cu_stream`].
+pub use cudarc;
 use cudarc::driver::{CudaContext, CudaStream, DriverError, result, sys};
 
 use super::{Device, DeviceInfo, KernelImage, KernelSource, LaunchCfg, nvrtc};
@@ -254,6 +257,12 @@ impl CudaDevice {
         end.synchronize().map_err(|e| driver("waiting for an event", e))?;
         let ms = start.elapsed_ms(&end).map_err(|e| driver("timing events", e))?;
         Ok(f64::from(ms) / 1e3)
+    }
+
+    /// The stream all of this device's work goes to, for libraries that queue work beside it
+    /// (cuBLAS in the benches). Work queued there is ordered with the backend's.
+    pub fn cu_stream(&self) -> sys::CUstream {
+        self.stream.cu_stream()
     }
 
     /// Free and total device memory in bytes.
