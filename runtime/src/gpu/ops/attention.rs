@@ -504,18 +504,7 @@ mod tests {
         AttnDims { rows, heads, kv_heads, head_dim, slots: 4, capacity }
     }
 
-    fn h200() -> DeviceInfo {
-        DeviceInfo {
-            name: "H200".into(),
-            arch: (9, 0),
-            warp_size: 32,
-            sm_count: 132,
-            max_shared_per_block: 227 * 1024,
-            max_threads_per_block: 1024,
-            max_grid: [i32::MAX as u32, 65535, 65535],
-            total_memory: 141 << 30,
-        }
-    }
+    use super::super::test_h200 as h200;
 
     #[test]
     fn splits_fill_the_gpu_at_batch_one() {

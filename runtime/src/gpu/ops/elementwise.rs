@@ -279,18 +279,7 @@ pub(crate) fn rope<D: Device>(
 mod tests {
     use super::*;
 
-    fn h200() -> DeviceInfo {
-        DeviceInfo {
-            name: "test".into(),
-            arch: (9, 0),
-            warp_size: 32,
-            sm_count: 132,
-            max_shared_per_block: 227 * 1024,
-            max_threads_per_block: 1024,
-            max_grid: [i32::MAX as u32, 65535, 65535],
-            total_memory: 141 << 30,
-        }
-    }
+    use super::super::test_h200 as h200;
 
     #[test]
     fn element_grid_covers_small_and_caps_large() {

@@ -2,10 +2,9 @@
 //! `linear::linear` hands it the shapes GEMV does not take (more than `GEMV_MAX_ROWS` rows).
 
 use super::super::{Device, DeviceInfo, Gpu, GpuStorage, LaunchCfg, dim};
-use super::addr;
-use super::linear::{LinearParams, kernel_name, weight_params, with_f32_x};
+use super::linear::launch_linear;
 use crate::ops::{Linear, LinearDims};
-use crate::{Backend, DType, Result, Tensor};
+use crate::{Result, Tensor};
 
 type T<D> = Tensor<GpuStorage<<D as Device>::Buffer>>;
 
@@ -38,35 +37,8 @@ pub(crate) fn gemm<D: Device>(
     w: &Linear<GpuStorage<D::Buffer>>,
     y: &mut T<D>,
 ) -> Result<()> {
-    let op = "linear";
-    let (scale_dtype, scales, block_rows, block_cols, scale) = weight_params::<D>(d, w)?;
-    let name = kernel_name("gemm", w.weight.dtype(), scale_dtype, None)
-        .ok_or_else(|| super::unsupported(op, g.name()))?;
     let cfg = gemm_launch(d.m, d.n, g.device().info())?;
-    let y_addr = addr::<D>(y);
-    let y_dtype = match y.dtype() {
-        DType::BF16 => 1,
-        DType::F16 => 2,
-        _ => 0,
-    };
-    with_f32_x(g, d, x, |x_addr| {
-        let p = LinearParams {
-            y: y_addr,
-            x: x_addr,
-            weight: addr::<D>(&w.weight),
-            scales,
-            m: d.m as u64,
-            n: d.n as u64,
-            k: d.k as u64,
-            block_rows,
-            block_cols,
-            scale,
-            y_dtype,
-        };
-        // SAFETY: as for the GEMV: the checks of `check_linear` bound every element the kernel
-        // touches (it bounds-checks each tile against m, n and k); y is borrowed mutably.
-        unsafe { g.launch(name, cfg, &p) }
-    })
+    launch_linear(g, d, x, w, y, ("gemm", None), cfg)
 }
 
 #[cfg(test)]
@@ -75,16 +47,7 @@ mod tests {
 
     #[test]
     fn grid_covers_every_output() {
-        let info = DeviceInfo {
-            name: "test".into(),
-            arch: (9, 0),
-            warp_size: 32,
-            sm_count: 132,
-            max_shared_per_block: 227 * 1024,
-            max_threads_per_block: 1024,
-            max_grid: [i32::MAX as u32, 65535, 65535],
-            total_memory: 1 << 40,
-        };
+        let info = super::super::test_h200();
         assert_eq!(gemm_launch(17, 3, &info).unwrap().grid, [1, 1, 1]);
         assert_eq!(gemm_launch(512, 4096, &info).unwrap().grid, [64, 8, 1]);
         assert_eq!(gemm_launch(65, 129, &info).unwrap().grid, [3, 2, 1]);

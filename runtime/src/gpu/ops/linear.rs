@@ -195,12 +195,25 @@ pub(crate) fn linear<D: Device>(
     if d.m > GEMV_MAX_ROWS {
         return super::gemm::gemm(g, d, x, w, y);
     }
-    let op = "linear";
-    let rows = gemv_row_tile(d.m).ok_or_else(|| super::unsupported(op, g.name()))?;
-    let (scale_dtype, scales, block_rows, block_cols, scale) = weight_params::<D>(d, w)?;
-    let name = kernel_name("gemv", w.weight.dtype(), scale_dtype, Some(rows))
-        .ok_or_else(|| super::unsupported(op, g.name()))?;
+    let rows = gemv_row_tile(d.m).ok_or_else(|| super::unsupported("linear", g.name()))?;
     let cfg = gemv_launch(d.n, g.device().info())?;
+    launch_linear(g, d, x, w, y, ("gemv", Some(rows)), cfg)
+}
+
+/// Launches kernel family `kernel` (`gemv` with its row tile, or `gemm` without) of the weight's
+/// dtype and scale kind over `cfg`, with x widened to f32 first where it is 16-bit.
+pub(crate) fn launch_linear<D: Device>(
+    g: &Gpu<D>,
+    d: LinearDims,
+    x: &T<D>,
+    w: &Linear<GpuStorage<D::Buffer>>,
+    y: &mut T<D>,
+    (family, rows): (&str, Option<usize>),
+    cfg: LaunchCfg,
+) -> Result<()> {
+    let (scale_dtype, scales, block_rows, block_cols, scale) = weight_params::<D>(d, w)?;
+    let name = kernel_name(family, w.weight.dtype(), scale_dtype, rows)
+        .ok_or_else(|| super::unsupported("linear", g.name()))?;
     let y_addr = addr::<D>(y);
     let y_dtype = y_code(y.dtype());
     with_f32_x(g, d, x, |x_addr| {
@@ -218,8 +231,9 @@ pub(crate) fn linear<D: Device>(
             y_dtype,
         };
         // SAFETY: `check_linear` and `check_float_weight` checked x [m, k] (f32 here), the weight
-        // [n, k] of the kernel's dtype, its scales' shape and dtype, and y [m, n] of y_dtype, so
-        // every element the kernel reads or writes is inside its buffer; y is borrowed mutably.
+        // [n, k] of the kernel's dtype, its scales' shape and dtype, and y [m, n] of y_dtype; both
+        // kernels bound every element they touch by m, n and k, so each access is inside its
+        // buffer; y is borrowed mutably.
         unsafe { g.launch(name, cfg, &p) }
     })
 }
@@ -229,16 +243,7 @@ mod tests {
     use super::*;
 
     fn info(sm: u32) -> DeviceInfo {
-        DeviceInfo {
-            name: "test".into(),
-            arch: (9, 0),
-            warp_size: 32,
-            sm_count: sm,
-            max_shared_per_block: 227 * 1024,
-            max_threads_per_block: 1024,
-            max_grid: [i32::MAX as u32, 65535, 65535],
-            total_memory: 1 << 40,
-        }
+        DeviceInfo { sm_count: sm, ..super::super::test_h200() }
     }
 
     #[test]

@@ -185,3 +185,18 @@ pub fn params_layouts() -> Vec<ParamsLayout> {
         }),
     ]
 }
+
+/// The device the launch heuristics' unit tests plan for: an H200 as the driver reports it.
+#[cfg(test)]
+pub(crate) fn test_h200() -> super::DeviceInfo {
+    super::DeviceInfo {
+        name: "H200".into(),
+        arch: (9, 0),
+        warp_size: 32,
+        sm_count: 132,
+        max_shared_per_block: 227 * 1024,
+        max_threads_per_block: 1024,
+        max_grid: [i32::MAX as u32, 65535, 65535],
+        total_memory: 141 << 30,
+    }
+}
