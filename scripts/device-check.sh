@@ -12,7 +12,9 @@
 #   2. runs every GPU suite's #[ignore]d CUDA tests (tests/gpu_*.rs: every kernel against the
 #      f64 reference at the CPU suites' shapes and tolerances; tests/gpu_model.rs: the parity
 #      fixtures through the unchanged graph) and the host-side CUDA tests (tests/cuda_*.rs);
-#   3. runs `memwall run --backend cuda` on a parity fixture;
+#   3. runs `memwall peak --backend cuda` (the SM read and copy kernels of stream.cu and the copy
+#      engine over 4 GiB, against the datasheet) and `memwall run --backend cuda` on a parity
+#      fixture;
 #   4. runs benches/gpu.rs: the copy peak, then GEMV at the Llama 3.1 8B shapes (bf16, e4m3fn
 #      per-channel) as a percentage of it;
 #   5. prints one line per step (pass/fail, seconds) and writes every log to DIR (default $OUT,
@@ -28,7 +30,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pack=target/device-check
-suites=(gpu_linear gpu_select gpu_attention gpu_elementwise gpu_rows gpu_model cuda_nvrtc cuda_build)
+suites=(gpu_stream gpu_linear gpu_select gpu_attention gpu_elementwise gpu_rows gpu_model cuda_nvrtc cuda_build)
 
 build() {
   bash scripts/setup.sh
@@ -97,9 +99,12 @@ run() {
   # The host-side CUDA tests (NVRTC needs libnvrtc there; a missing one fails, as in CI).
   step cuda_build 60 "$bin/cuda_build"
   step cuda_nvrtc 180 "$bin/cuda_nvrtc" --test-threads=2
-  for s in gpu_elementwise gpu_rows gpu_select gpu_linear gpu_attention gpu_model; do
+  for s in gpu_stream gpu_elementwise gpu_rows gpu_select gpu_linear gpu_attention gpu_model; do
     step "$s" 240 "$bin/$s" --ignored --test-threads=1
   done
+  # The SM-driven ceiling (stream.cu read and copy, 4 GiB) and the copy engine, vs the datasheet.
+  step peak-cuda 60 "$bin/memwall" peak --backend cuda
+  sed -n '/^kernel/,$p' "$results/peak-cuda.log" | tee -a "$results/summary.txt"
   step run-cuda 60 "$bin/memwall" run --model tests/parity/fixtures/llama_tied_f32 --tokens 1,2,3 \
     --max-new-tokens 4 --backend cuda --json
   # GEMV at the Llama 3.1 8B shapes against the copy peak of the same run; its closing lines.

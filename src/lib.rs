@@ -9,6 +9,7 @@ pub use memwall_runtime as runtime;
 
 pub mod bytes;
 pub mod peak;
+pub mod peak_gpu;
 pub mod wall;
 
 pub mod kernels {

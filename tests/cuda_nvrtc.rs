@@ -20,6 +20,7 @@ fn launcher_kernels() -> Vec<&'static str> {
     names.extend(ops::attention::kernel_names());
     names.extend(ops::linear::kernel_names());
     names.extend(ops::select::kernel_names());
+    names.extend(ops::stream::kernel_names());
     names
 }
 

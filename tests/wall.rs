@@ -717,3 +717,22 @@ fn cli_measures_this_machine() {
     );
     let _ = std::fs::remove_file(&svg);
 }
+
+#[test]
+fn driver_names_map_to_their_datasheet_parts() {
+    let key = |name: &str, gib: u64| Device::for_driver_name(name, gib << 30).map(|d| d.key);
+    assert_eq!(key("NVIDIA H200", 141), Some("h200".into()));
+    assert_eq!(key("NVIDIA H100 80GB HBM3", 80), Some("h100-sxm".into()));
+    assert_eq!(key("NVIDIA H100 PCIe", 80), Some("h100-pcie".into()));
+    assert_eq!(key("NVIDIA H100 NVL", 94), None);
+    assert_eq!(key("NVIDIA A100-SXM4-40GB", 40), Some("a100-40gb".into()));
+    assert_eq!(key("NVIDIA A100-SXM4-80GB", 80), Some("a100-80gb".into()));
+    assert_eq!(key("NVIDIA A100-PCIE-40GB", 40), None);
+    assert_eq!(key("NVIDIA B200", 180), Some("b200".into()));
+    assert_eq!(key("AMD Instinct MI300X", 192), Some("mi300x".into()));
+    assert_eq!(key("AMD Instinct MI325X", 256), Some("mi325x".into()));
+    assert_eq!(key("AMD Instinct MI250X", 128), Some("mi250x".into()));
+    assert_eq!(key("NVIDIA GeForce RTX 4090", 24), None);
+    // The SIMT emulator is no datasheet part.
+    assert_eq!(key("SIMT emulator", 0), None);
+}

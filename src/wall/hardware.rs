@@ -94,6 +94,41 @@ impl Device {
             })
     }
 
+    /// The datasheet device a GPU driver reports by `driver_name` (`NVIDIA H200`,
+    /// `NVIDIA H100 80GB HBM3`, `AMD Instinct MI300X`) with `total_memory` bytes, when the table
+    /// has exactly that part; `None` for parts it lacks or cannot tell apart (H100 NVL, A100 PCIe,
+    /// whose bandwidths differ from the SXM columns).
+    pub fn for_driver_name(driver_name: &str, total_memory: u64) -> Option<Device> {
+        let n = normalize(driver_name);
+        let key = if n.contains("h200") {
+            "h200"
+        } else if n.contains("h100") {
+            if n.contains("nvl") {
+                return None;
+            }
+            if n.contains("pcie") { "h100-pcie" } else { "h100-sxm" }
+        } else if n.contains("a100") {
+            if n.contains("pcie") {
+                return None;
+            }
+            // The driver reports binary bytes: 40 GB parts hold about 40 GiB, 80 GB ones 80 GiB.
+            if total_memory < 60 << 30 { "a100-40gb" } else { "a100-80gb" }
+        } else if n.contains("b200") {
+            "b200"
+        } else if n.contains("mi325x") {
+            "mi325x"
+        } else if n.contains("mi300x") {
+            "mi300x"
+        } else if n.contains("mi250x") {
+            "mi250x"
+        } else if n.contains("mi250") {
+            "mi250"
+        } else {
+            return None;
+        };
+        Device::find(key).ok()
+    }
+
     /// A device known only by a measured bandwidth (bytes/s): no capacity, no compute peak, so its
     /// time floor is the memory time alone.
     pub fn measured(name: &str, bandwidth: f64) -> Result<Device, Error> {

@@ -13,6 +13,7 @@ pub mod gemm;
 pub mod linear;
 pub mod rows;
 pub mod select;
+pub mod stream;
 
 use super::{Device, GpuStorage};
 use crate::{Error, Tensor};
@@ -183,6 +184,8 @@ pub fn params_layouts() -> Vec<ParamsLayout> {
             temperature,
             top_p
         }),
+        // stream.rs
+        params_layout!(stream::StreamParams { dst, src, sum, vecs }),
     ]
 }
 
