@@ -49,8 +49,8 @@ pub fn gemm_path(
     info: &DeviceInfo,
 ) -> GemmPath {
     let tc_weight = weight != DType::F32 && DType::FLOATS.contains(&weight);
-    let words = tc_weight && d.k % (16 / weight.size()) == 0;
-    let scales = blocks.is_none_or(|(_, bc)| bc >= d.k || bc % TC_TILE_K == 0);
+    let words = tc_weight && d.k.is_multiple_of(16 / weight.size());
+    let scales = blocks.is_none_or(|(_, bc)| bc >= d.k || bc.is_multiple_of(TC_TILE_K));
     if has_mma_bf16(info) && words && scales && d.k > 0 { GemmPath::TensorCore } else { GemmPath::CudaCore }
 }
 

@@ -225,7 +225,7 @@ pub(crate) fn launch_linear<D: Device>(
     with_f32_x(g, d, x, |x_addr| {
         // gemm_tc.cu reads x and the weight in 16-byte words (device buffers are 256-byte aligned,
         // so this only guards the contract).
-        if family == "gemm_tc" && (x_addr % 16 != 0 || w_addr % 16 != 0) {
+        if family == "gemm_tc" && (!x_addr.is_multiple_of(16) || !w_addr.is_multiple_of(16)) {
             return Err(Error::Argument {
                 op: "linear",
                 msg: format!(
