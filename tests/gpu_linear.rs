@@ -1,8 +1,11 @@
-//! `linear` on the GPU backend: the GEMV of `kernels-cuda/gemv.cu` (m <= 16 rows) and the tiled
-//! GEMM of `kernels-cuda/gemm.cu` (m > 16), each weight dtype x scale kind x activation dtypes,
-//! against `cpu::Reference`, over shapes that exercise every path and tail: k = 1, 3, 17, 4097
-//! (scalar paths), k multiples of 16 (the 16-byte vector path) with odd n, block scales of sizes
-//! that do and do not divide the 16-byte chunk, and rows at fewer than allocated.
+//! `linear` on the GPU backend: the GEMV of `kernels-cuda/gemv.cu` (m <= 16 rows) and, for m > 16,
+//! the tensor-core GEMM of `kernels-cuda/gemm_tc.cu` or the CUDA-core GEMM of `kernels-cuda/gemm.cu`
+//! (as `gemm::gemm_path` routes), each weight dtype x scale kind x activation dtypes, against
+//! `cpu::Reference`, over shapes that exercise every path and tail: k = 1, 3, 17, 4097 (scalar
+//! paths; CUDA-core GEMM), k multiples of 8 / 16 (the 16-byte vector paths; the tensor-core GEMM)
+//! with odd n, block scales of sizes that do and do not divide the 16-byte chunk or the GEMM's
+//! k tile, rows at fewer than allocated, and exact cases that need all of the tensor-core GEMM's
+//! bf16 parts of x and of f16 weights.
 //!
 //! Runs on each emulated backend (`--features memwall/emulate`) and, ignored unless asked for, on
 //! a CUDA device (`--features memwall/cuda -- --ignored`; `MEMWALL_REQUIRE_GPU=1` makes a missing
@@ -17,6 +20,9 @@ use std::fmt::Debug;
 use common::gpu::linear_to_backend;
 use common::{Rng, *};
 use memwall_runtime::cpu::Reference;
+use memwall_runtime::gpu::DeviceInfo;
+use memwall_runtime::gpu::ops::gemm::{GemmPath, gemm_path};
+use memwall_runtime::ops::LinearDims;
 use memwall_runtime::{Backend, DType, HostStorage, Linear, WeightScale};
 use proptest::prelude::*;
 use proptest::sample::select;
@@ -109,6 +115,37 @@ fn case(rows: Vec<usize>) -> impl Strategy<Value = Case> {
         })
 }
 
+/// The GEMM `linear` takes for case `c` on an mma-capable device (the emulator and sm_80+, the only
+/// devices these suites run on; elsewhere the CUDA-core GEMM runs, whose bound is the smaller).
+fn path(c: &Case) -> Option<GemmPath> {
+    if c.m <= 16 {
+        return None;
+    }
+    let blocks = match c.scale {
+        ScaleKind::None | ScaleKind::PerTensor => None,
+        ScaleKind::PerChannel | ScaleKind::PerChannelColumn => Some((1, c.k)),
+        ScaleKind::Block(br, bc) => Some((br, bc)),
+    };
+    let mma = DeviceInfo {
+        name: "sm_80".into(),
+        arch: (8, 0),
+        warp_size: 32,
+        sm_count: 108,
+        max_shared_per_block: 163 * 1024,
+        max_threads_per_block: 1024,
+        max_grid: [i32::MAX as u32, 65535, 65535],
+        total_memory: 40 << 30,
+    };
+    Some(gemm_path(LinearDims { m: c.m, n: c.n, k: c.k }, c.weight, blocks, &mma))
+}
+
+/// gamma'(n) for f32 sums whose unit error is 2^-23 (truncation), as the tensor cores' bound assumes.
+fn gamma_trunc(n: usize) -> f64 {
+    let nu = n as f64 * 2.0 * U32;
+    assert!(nu < 0.5, "gamma'({n}) is not meaningful in f32");
+    nu / (1.0 - nu)
+}
+
 /// A host scale of `kind` for an `[n, k]` weight, and the scale of every element, row-major.
 fn make_scale(
     rng: &mut Rng,
@@ -154,14 +191,39 @@ fn check<B: Backend>(b: &B, c: &Case) {
     let want = read_f32(&REF, &y_ref);
 
     let (uo, eta) = (unit_roundoff(c.y), underflow_abs(c.y));
+    let tensor_cores = path(c) == Some(GemmPath::TensorCore);
     let mut bound = vec![0f64; m * n];
     for i in 0..m {
         for j in 0..n {
-            let (mut sum, mut abs) = (0f64, 0f64);
+            let (mut sum, mut abs, mut abs_ws) = (0f64, 0f64, 0f64);
             for l in 0..k {
-                let t = xv[i * k + l] as f64 * wv[j * k + l] as f64 * sv[j * k + l];
+                let ws = wv[j * k + l] as f64 * sv[j * k + l];
+                let t = xv[i * k + l] as f64 * ws;
                 sum += t;
                 abs += t.abs();
+                abs_ws += ws.abs();
+            }
+            if tensor_cores {
+                // gemm_tc.cu (its contract): x = 3 bf16 parts within 2^-24 |x| (plus, should the
+                // hardware flush bf16 subnormal parts, 2^-126 per part: 2^-124 sum|w s|); weights
+                // exact in 1 (2 for f16) bf16 parts; N = 3 parts k products (6 k for f16) summed in
+                // f32 by the mma with unit error 2^-23 in any order: gamma'(N) sum|t|, sum|t| <=
+                // (1 + 2^-7)^2 sum|x w s|; then the scale: one multiply (plain) or, per k-block of
+                // min(bc, k) columns, a multiply and an add (ceil(k / bc) + 1 roundings of u, on
+                // values at most 1.01 sum|x w s|). y's rounding and the reference as below.
+                let parts = if c.weight == DType::F16 { 6 } else { 3 };
+                let scale_roundings = match c.scale {
+                    ScaleKind::None | ScaleKind::PerTensor => 1,
+                    ScaleKind::PerChannel | ScaleKind::PerChannelColumn => 2,
+                    ScaleKind::Block(_, bc) => k.div_ceil(bc.min(k)) + 1,
+                };
+                let acc = (1.0 + 2f64.powi(-7)).powi(2) * gamma_trunc(parts * k) * abs
+                    + U32 * abs
+                    + 2f64.powi(-124) * abs_ws
+                    + 1.01 * gamma(scale_roundings) * abs;
+                bound[i * n + j] =
+                    (1.0 + uo) * acc + gamma64(k + 1) * abs + (2.0 * uo + U32) * sum.abs() + 2.0 * eta;
+                continue;
             }
             // The kernels accumulate in f32 from exactly widened x, w and s: each term meets at
             // most k + 8 roundings (x * w, the scale multiply, the chunk / lane / warp-tree sums
@@ -182,9 +244,10 @@ fn check<B: Backend>(b: &B, c: &Case) {
     assert_close(&format!("{} linear {c:?}", b.name()), &read_f32(b, &y), &want, &bound);
 }
 
-/// GEMV rows (every row tile and the in-between counts) and GEMM rows (tails of the 64-row tile).
+/// GEMV rows (every row tile and the in-between counts) and GEMM rows (tails of the 64-row tiles
+/// of both GEMMs, and of their 32-row warp tiles).
 const GEMV_ROWS: [usize; 6] = [1, 2, 3, 4, 5, 16];
-const GEMM_ROWS: [usize; 4] = [17, 31, 64, 70];
+const GEMM_ROWS: [usize; 6] = [17, 31, 64, 70, 129, 200];
 
 fn gemv_cases<B: Backend>(b: &B, who: &str, cases: u32) {
     run_cases(who, cases, case(GEMV_ROWS.to_vec()), |c| check(b, &c));
@@ -194,8 +257,9 @@ fn gemm_cases<B: Backend>(b: &B, who: &str, cases: u32) {
     run_cases(who, cases, case(GEMM_ROWS.to_vec()), |c| check(b, &c));
 }
 
-/// Every weight dtype and scale kind once on the vector path of both kernels, so no
-/// instantiation is left to chance.
+/// Every weight dtype and scale kind once on the vector path of the GEMV and of the GEMM the
+/// shape routes to (k = 128: tensor cores for all but f32 weights and 3 x 5 blocks), and on the
+/// CUDA-core GEMM (k = 17), so no instantiation is left to chance.
 fn every_instantiation<B: Backend>(b: &B) {
     let mut seed = 0x11ea_0001u64;
     for weight in DType::FLOATS {
@@ -206,13 +270,96 @@ fn every_instantiation<B: Backend>(b: &B) {
             (ScaleKind::Block(128, 128), DType::BF16),
             (ScaleKind::Block(3, 5), DType::F32),
         ] {
-            for m in [1, 3, 9, 20] {
+            for (m, k) in [(1, 128), (3, 128), (9, 128), (20, 128), (20, 17)] {
                 seed += 1;
-                let c =
-                    Case { m, n: 19, k: 128, weight, scale, scale_dtype, x: DType::F32, y: DType::F32, seed };
+                let c = Case { m, n: 19, k, weight, scale, scale_dtype, x: DType::F32, y: DType::F32, seed };
+                let tc = weight != DType::F32 && k == 128 && scale != ScaleKind::Block(3, 5);
+                if m > 16 {
+                    assert_eq!(path(&c) == Some(GemmPath::TensorCore), tc, "{c:?}");
+                }
                 check(b, &c);
             }
         }
+    }
+}
+
+/// One tensor-core case at the 8B model's k (4096) with 128 x 128 block scales: 128 k tiles, 32
+/// scale k-blocks, a partial row tile.
+fn long_k<B: Backend>(b: &B) {
+    for weight in [DType::BF16, DType::F8E4M3Fn] {
+        let c = Case {
+            m: 20,
+            n: 70,
+            k: 4096,
+            weight,
+            scale: ScaleKind::Block(128, 128),
+            scale_dtype: DType::BF16,
+            x: DType::F32,
+            y: DType::F32,
+            seed: 0x4096,
+        };
+        assert_eq!(path(&c), Some(GemmPath::TensorCore));
+        check(b, &c);
+    }
+}
+
+/// Exact products that need every bf16 part of gemm_tc.cu: x = +-(1 + b 2^-9 + c 2^-18) (bf16 parts
+/// 1, b 2^-9 and c 2^-18 with b in {1, 2}, c in {1, 2, 3}, varying with the index) against w = +-1
+/// (bf16, e4m3fn) over k = 32, or x = +-(1 + b 2^-9) against f16 w = +-(1 + 2^-10) or +-1 (bf16 parts
+/// 1 and 2^-10) over k = 16. Every product and partial sum is a multiple of 2^-18 (2^-19) below 2^6
+/// (2^5): 24 bits, exact in f32 in any order and rounding, so y (f32) must equal the f64 sum exactly;
+/// a dropped part is off by a multiple of 2^-18 (2^-19).
+fn exact_parts<B: Backend>(b: &B) {
+    let (m, n) = (20, 19);
+    for weight in [DType::BF16, DType::F8E4M3Fn, DType::F16] {
+        let f16 = weight == DType::F16;
+        let k = if f16 { 16 } else { 32 };
+        let sign = |a: usize, b: usize| if (a * 7 + b * 3) % 5 < 2 { -1.0 } else { 1.0 };
+        let xv: Vec<f32> = (0..m * k)
+            .map(|e| {
+                let (i, l) = (e / k, e % k);
+                let mid = (1 + (i + l) % 2) as f32 * 2f32.powi(-9);
+                let lo = if f16 { 0.0 } else { (1 + (i * l) % 3) as f32 * 2f32.powi(-18) };
+                sign(i, l) * (1.0 + mid + lo)
+            })
+            .collect();
+        let wv: Vec<f32> = (0..n * k)
+            .map(|e| {
+                let (j, l) = (e / k, e % k);
+                let lo = if f16 && (j + l) % 3 != 0 { 2f32.powi(-10) } else { 0.0 };
+                sign(l, j + 1) * (1.0 + lo)
+            })
+            .collect();
+        let c = Case {
+            m,
+            n,
+            k,
+            weight,
+            scale: ScaleKind::None,
+            scale_dtype: DType::F32,
+            x: DType::F32,
+            y: DType::F32,
+            seed: 0,
+        };
+        assert_eq!(path(&c), Some(GemmPath::TensorCore));
+        let lin = linear_to_backend(b, &Linear::plain(upload(&REF, weight, &[n, k], &wv)));
+        assert_eq!(read_f32(&REF, &upload(&REF, weight, &[n, k], &wv)), wv, "{weight} holds w exactly");
+        let x = upload(b, DType::F32, &[m, k], &xv);
+        let mut y = poisoned(b, DType::F32, &[m, n]);
+        b.linear(&x, &lin, &mut y).unwrap_or_else(|e| panic!("{} linear exact {weight}: {e}", b.name()));
+        let want: Vec<f32> = (0..m * n)
+            .map(|e| {
+                let (i, j) = (e / n, e % n);
+                let s: f64 = (0..k).map(|l| xv[i * k + l] as f64 * wv[j * k + l] as f64).sum();
+                s as f32
+            })
+            .collect();
+        assert_close(
+            &format!("{} linear exact parts {weight}", b.name()),
+            &read_f32(b, &y),
+            &want,
+            &vec![0.0; m * n],
+        );
     }
 }
 
@@ -287,6 +434,19 @@ mod emulated {
             set_rows_respected(&b);
         }
     }
+
+    #[test]
+    fn tensor_core_gemm_at_long_k() {
+        let (_, b) = gpu::emulated().swap_remove(2);
+        long_k(&b);
+    }
+
+    #[test]
+    fn tensor_core_gemm_uses_every_part() {
+        for (_, b) in gpu::emulated() {
+            exact_parts(&b);
+        }
+    }
 }
 
 #[cfg(feature = "cuda")]
@@ -324,6 +484,22 @@ mod cuda {
     fn set_rows_is_respected() {
         if let Some(b) = gpu::cuda() {
             set_rows_respected(&b);
+        }
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn tensor_core_gemm_at_long_k() {
+        if let Some(b) = gpu::cuda() {
+            long_k(&b);
+        }
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn tensor_core_gemm_uses_every_part() {
+        if let Some(b) = gpu::cuda() {
+            exact_parts(&b);
         }
     }
 }

@@ -1,10 +1,13 @@
-//! `gemm`: the tiled matrix product of `kernels-cuda/gemm.cu` for prefill and large batches.
-//! `linear::linear` hands it the shapes GEMV does not take (more than `GEMV_MAX_ROWS` rows).
+//! `gemm`: the matrix product for prefill and large batches. `linear::linear` hands it the shapes
+//! GEMV does not take (more than `GEMV_MAX_ROWS` rows); [`gemm_path`] picks the kernel: the
+//! tensor-core GEMM of `kernels-cuda/gemm_tc.cu` where its preconditions and accuracy contract hold,
+//! else the CUDA-core GEMM of `kernels-cuda/gemm.cu` (f32 weights, odd k, odd block scales, GPUs
+//! before sm_80).
 
 use super::super::{Device, DeviceInfo, Gpu, GpuStorage, LaunchCfg, dim};
 use super::linear::launch_linear;
-use crate::ops::{Linear, LinearDims};
-use crate::{Result, Tensor};
+use crate::ops::{Linear, LinearDims, WeightScale};
+use crate::{DType, Result, Tensor};
 
 type T<D> = Tensor<GpuStorage<<D as Device>::Buffer>>;
 
@@ -13,10 +16,54 @@ pub const TILE_M: usize = 64;
 pub const TILE_N: usize = 64;
 pub const GEMM_THREADS: u32 = 256;
 
-/// The GEMM grid: one block per TILE_N x TILE_M output tile.
-pub fn gemm_launch(m: usize, n: usize, info: &DeviceInfo) -> Result<LaunchCfg> {
+/// `TILE_M`, `TILE_N`, `TILE_K` and `WARPS_M * WARPS_N` of gemm_tc.cu.
+pub const TC_TILE_M: usize = 64;
+pub const TC_TILE_N: usize = 64;
+pub const TC_TILE_K: usize = 32;
+pub const TC_WARPS: u32 = 4;
+
+/// Which GEMM kernel runs a `linear` of more than `GEMV_MAX_ROWS` rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmPath {
+    /// `gemm_<w>[_block_<s>]` of gemm.cu: f32 FMAs, any shape and dtype.
+    CudaCore,
+    /// `gemm_tc_<w>[_block_<s>]` of gemm_tc.cu: mma.sync on bf16 parts, f32 accuracy.
+    TensorCore,
+}
+
+/// Whether the device runs mma.sync m16n8k16 on bf16: sm_80 and newer, or the SIMT emulator
+/// (arch (0, 0)) at warp 32, which emulates it exactly.
+pub fn has_mma_bf16(info: &DeviceInfo) -> bool {
+    info.warp_size == 32 && (info.arch >= (8, 0) || info.arch == (0, 0))
+}
+
+/// The GEMM kernel for `d` with a `weight` of this dtype and `blocks` = (block_rows, block_cols)
+/// of its block or per-channel scale (None for unscaled or per-tensor). The tensor-core path needs
+/// a 16-bit or fp8 weight (f32 weights would need splitting too: left to gemm.cu), k a multiple of
+/// a 16-byte word of the weight (8 of 16-bit, 16 of fp8), block scales whose k-blocks are whole
+/// `TC_TILE_K` tiles (or span k), and mma hardware.
+pub fn gemm_path(
+    d: LinearDims,
+    weight: DType,
+    blocks: Option<(usize, usize)>,
+    info: &DeviceInfo,
+) -> GemmPath {
+    let tc_weight = weight != DType::F32 && DType::FLOATS.contains(&weight);
+    let words = tc_weight && d.k.is_multiple_of(16 / weight.size());
+    let scales = blocks.is_none_or(|(_, bc)| bc >= d.k || bc.is_multiple_of(TC_TILE_K));
+    if has_mma_bf16(info) && words && scales && d.k > 0 { GemmPath::TensorCore } else { GemmPath::CudaCore }
+}
+
+/// The grid of either GEMM: one block per output tile of `tile_m` x `tile_n`.
+fn tile_grid(
+    m: usize,
+    n: usize,
+    (tile_m, tile_n): (usize, usize),
+    threads: u32,
+    info: &DeviceInfo,
+) -> Result<LaunchCfg> {
     let op = "linear";
-    let (gx, gy) = (n.div_ceil(TILE_N), m.div_ceil(TILE_M));
+    let (gx, gy) = (n.div_ceil(tile_n), m.div_ceil(tile_m));
     if gx > info.max_grid[0] as usize || gy > info.max_grid[1] as usize {
         return Err(crate::Error::Argument {
             op,
@@ -25,9 +72,23 @@ pub fn gemm_launch(m: usize, n: usize, info: &DeviceInfo) -> Result<LaunchCfg> {
     }
     Ok(LaunchCfg {
         grid: [dim(op, "column tiles", gx)?, dim(op, "row tiles", gy)?, 1],
-        block: [GEMM_THREADS, 1, 1],
+        block: [threads, 1, 1],
         shared_bytes: 0,
     })
+}
+
+/// The CUDA-core GEMM grid: one block per TILE_N x TILE_M output tile.
+pub fn gemm_launch(m: usize, n: usize, info: &DeviceInfo) -> Result<LaunchCfg> {
+    tile_grid(m, n, (TILE_M, TILE_N), GEMM_THREADS, info)
+}
+
+/// The tensor-core GEMM grid: one block of `TC_WARPS` warps per TC_TILE_N x TC_TILE_M tile.
+pub fn gemm_tc_launch(m: usize, n: usize, info: &DeviceInfo) -> Result<LaunchCfg> {
+    let threads = TC_WARPS.checked_mul(info.warp_size).ok_or_else(|| crate::Error::Argument {
+        op: "linear",
+        msg: format!("warp of {} threads", info.warp_size),
+    })?;
+    tile_grid(m, n, (TC_TILE_M, TC_TILE_N), threads, info)
 }
 
 pub(crate) fn gemm<D: Device>(
@@ -37,13 +98,27 @@ pub(crate) fn gemm<D: Device>(
     w: &Linear<GpuStorage<D::Buffer>>,
     y: &mut T<D>,
 ) -> Result<()> {
-    let cfg = gemm_launch(d.m, d.n, g.device().info())?;
-    launch_linear(g, d, x, w, y, ("gemm", None), cfg)
+    let info = g.device().info();
+    let blocks = match &w.scale {
+        WeightScale::None | WeightScale::PerTensor(_) => None,
+        WeightScale::PerChannel(_) => Some((1, d.k)),
+        WeightScale::Block { block_rows, block_cols, .. } => Some((*block_rows, *block_cols)),
+    };
+    match gemm_path(d, w.weight.dtype(), blocks, info) {
+        GemmPath::TensorCore => {
+            launch_linear(g, d, x, w, y, ("gemm_tc", None), gemm_tc_launch(d.m, d.n, info)?)
+        }
+        GemmPath::CudaCore => launch_linear(g, d, x, w, y, ("gemm", None), gemm_launch(d.m, d.n, info)?),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn dims(m: usize, n: usize, k: usize) -> LinearDims {
+        LinearDims { m, n, k }
+    }
 
     #[test]
     fn grid_covers_every_output() {
@@ -52,5 +127,47 @@ mod tests {
         assert_eq!(gemm_launch(512, 4096, &info).unwrap().grid, [64, 8, 1]);
         assert_eq!(gemm_launch(65, 129, &info).unwrap().grid, [3, 2, 1]);
         assert!(gemm_launch(65536 * 64 + 1, 1, &info).is_err());
+        let tc = gemm_tc_launch(512, 14336, &info).unwrap();
+        assert_eq!((tc.grid, tc.block), ([224, 8, 1], [128, 1, 1]));
+        assert_eq!(gemm_tc_launch(17, 70, &info).unwrap().grid, [2, 1, 1]);
+        assert!(gemm_tc_launch(65536 * 64 + 1, 1, &info).is_err());
+    }
+
+    #[test]
+    fn tensor_cores_only_where_the_contract_holds() {
+        use GemmPath::{CudaCore, TensorCore};
+        let h200 = super::super::test_h200();
+        let d = dims(512, 14336, 4096);
+        for w in
+            [DType::BF16, DType::F16, DType::F8E4M3Fn, DType::F8E4M3Fnuz, DType::F8E5M2, DType::F8E5M2Fnuz]
+        {
+            assert_eq!(gemm_path(d, w, None, &h200), TensorCore, "{w}");
+            // 128 x 128 blocks and per-channel scales (1 x k).
+            assert_eq!(gemm_path(d, w, Some((128, 128)), &h200), TensorCore, "{w}");
+            assert_eq!(gemm_path(d, w, Some((1, 4096)), &h200), TensorCore, "{w}");
+        }
+        // f32 weights stay on CUDA cores.
+        assert_eq!(gemm_path(d, DType::F32, None, &h200), CudaCore);
+        // k not a multiple of a 16-byte word of the weight.
+        for k in [1, 3, 17, 4097] {
+            assert_eq!(gemm_path(dims(64, 64, k), DType::BF16, None, &h200), CudaCore, "k {k}");
+        }
+        assert_eq!(gemm_path(dims(64, 64, 40), DType::BF16, None, &h200), TensorCore);
+        assert_eq!(gemm_path(dims(64, 64, 40), DType::F8E4M3Fn, None, &h200), CudaCore);
+        assert_eq!(gemm_path(dims(64, 64, 48), DType::F8E4M3Fn, None, &h200), TensorCore);
+        // Block scales whose k-blocks are not whole k tiles.
+        assert_eq!(gemm_path(d, DType::BF16, Some((3, 5)), &h200), CudaCore);
+        assert_eq!(gemm_path(d, DType::BF16, Some((1, 16)), &h200), CudaCore);
+        assert_eq!(gemm_path(d, DType::BF16, Some((2, 32)), &h200), TensorCore);
+        assert_eq!(gemm_path(dims(64, 64, 80), DType::BF16, Some((4, 96)), &h200), TensorCore);
+        // No mma before sm_80, nor on a warp-64 device; the SIMT emulator (arch 0.0) has it.
+        let turing = DeviceInfo { arch: (7, 5), ..h200.clone() };
+        assert_eq!(gemm_path(d, DType::BF16, None, &turing), CudaCore);
+        let ampere = DeviceInfo { arch: (8, 0), ..h200.clone() };
+        assert_eq!(gemm_path(d, DType::BF16, None, &ampere), TensorCore);
+        let emu = DeviceInfo { arch: (0, 0), ..h200.clone() };
+        assert_eq!(gemm_path(d, DType::BF16, None, &emu), TensorCore);
+        let wave64 = DeviceInfo { arch: (0, 0), warp_size: 64, ..h200 };
+        assert_eq!(gemm_path(d, DType::BF16, None, &wave64), CudaCore);
     }
 }

@@ -1,6 +1,7 @@
 //! `linear`: GEMV for decode (`kernels-cuda/gemv.cu`, at most [`GEMV_MAX_ROWS`] rows) and the
-//! tiled GEMM for prefill ([`super::gemm`], `kernels-cuda/gemm.cu`); both take the params struct
-//! and the weight/scale plumbing of this module (`kernels-cuda/params/linear.h`).
+//! GEMMs for prefill ([`super::gemm`]: tensor cores, `kernels-cuda/gemm_tc.cu`, or CUDA cores,
+//! `kernels-cuda/gemm.cu`); all take the params struct and the weight/scale plumbing of this module
+//! (`kernels-cuda/params/linear.h`).
 
 use super::super::{Device, DeviceInfo, Gpu, GpuStorage, LaunchCfg, dim};
 use super::addr;
@@ -79,7 +80,8 @@ fn intern(name: String) -> &'static str {
     s
 }
 
-/// `gemv_<w>[_block_<s>]_r<rows>` (`family` "gemv") or `gemm_<w>[_block_<s>]` (`rows` None).
+/// `gemv_<w>[_block_<s>]_r<rows>` (`family` "gemv"), or `gemm_<w>[_block_<s>]` and
+/// `gemm_tc_<w>[_block_<s>]` (`family` "gemm" / "gemm_tc", `rows` None).
 pub fn kernel_name(
     family: &str,
     weight: DType,
@@ -120,6 +122,9 @@ pub fn kernel_names() -> Vec<&'static str> {
         for s in [None, Some(DType::F32), Some(DType::BF16)] {
             names.extend(GEMV_ROW_TILES.iter().filter_map(|&r| kernel_name("gemv", w, s, Some(r))));
             names.extend(kernel_name("gemm", w, s, None));
+            if w != DType::F32 {
+                names.extend(kernel_name("gemm_tc", w, s, None));
+            }
         }
     }
     names
@@ -216,11 +221,22 @@ pub(crate) fn launch_linear<D: Device>(
         .ok_or_else(|| super::unsupported("linear", g.name()))?;
     let y_addr = addr::<D>(y);
     let y_dtype = y_code(y.dtype());
+    let w_addr = addr::<D>(&w.weight);
     with_f32_x(g, d, x, |x_addr| {
+        // gemm_tc.cu reads x and the weight in 16-byte words (device buffers are 256-byte aligned,
+        // so this only guards the contract).
+        if family == "gemm_tc" && (!x_addr.is_multiple_of(16) || !w_addr.is_multiple_of(16)) {
+            return Err(Error::Argument {
+                op: "linear",
+                msg: format!(
+                    "tensor-core GEMM needs 16-byte aligned x ({x_addr:#x}) and weight ({w_addr:#x})"
+                ),
+            });
+        }
         let p = LinearParams {
             y: y_addr,
             x: x_addr,
-            weight: addr::<D>(&w.weight),
+            weight: w_addr,
             scales,
             m: d.m as u64,
             n: d.n as u64,
@@ -233,7 +249,8 @@ pub(crate) fn launch_linear<D: Device>(
         // SAFETY: `check_linear` and `check_float_weight` checked x [m, k] (f32 here), the weight
         // [n, k] of the kernel's dtype, its scales' shape and dtype, and y [m, n] of y_dtype; both
         // kernels bound every element they touch by m, n and k, so each access is inside its
-        // buffer; y is borrowed mutably.
+        // buffer (gemm_tc: in 16-byte words, whole because `gemm_path` only picks it where k is a
+        // multiple of a word's elements, and aligned as checked above); y is borrowed mutably.
         unsafe { g.launch(name, cfg, &p) }
     })
 }
@@ -277,6 +294,7 @@ mod tests {
         );
         assert_eq!(kernel_name("gemm", DType::F16, Some(DType::F32), None), Some("gemm_f16_block_f32"));
         assert_eq!(kernel_name("gemm", DType::U32, None, None), None);
-        assert_eq!(kernel_names().len(), 2 + 7 * 3 * 4);
+        assert_eq!(kernel_name("gemm_tc", DType::F8E5M2, None, None), Some("gemm_tc_e5m2"));
+        assert_eq!(kernel_names().len(), 2 + 7 * 3 * 4 + 6 * 3);
     }
 }

@@ -1,0 +1,299 @@
+// gemm_tc.cu: the prefill / large-batch `linear` on tensor cores (mma.sync m16n8k16, sm_80+):
+// y[m, n] = x[m, k] . W_real[n, k]^T, the same contract as gemm.cu (its executable spec), for
+// 16-bit and fp8 weights with f32 activations and f32 accuracy.
+//
+// gemm_tc_<w>            W_real = weight * p.scale (1 unscaled, else the per-tensor scale), applied
+//                        to each finished sum
+// gemm_tc_<w>_block_<s>  W_real[j][l] = weight[j][l] * scales[j / br][l / bc] (f32 or bf16 block
+//                        scales; per-channel is br = 1, bc = k): each k-block's partial sums are
+//                        accumulated separately and scaled when the block ends, so the weights
+//                        stay exact in bf16
+//                        <w> one of bf16, f16, e4m3fn, e4m3fnuz, e5m2, e5m2fnuz (f32 weights stay on
+//                        gemm.cu); x f32 [m, k] (16-bit x is widened first, as for gemm.cu); y [m, n]
+//                        f32, bf16 or f16 (p.y_dtype)
+//
+// Preconditions (checked by the launcher, runtime/src/gpu/ops/gemm.rs, which routes every other
+// shape to gemm.cu): k a multiple of 16 / sizeof(W) elements (16-byte rows of W; x's rows are then
+// 16-byte multiples too); x and the weight 16-byte aligned; block scales with bc >= k or bc a
+// multiple of TILE_K; sm_80 or newer.
+//
+// Exact operands: every operand of the bf16 mma is exact, so only the f32 sums round.
+// - Weights: bf16 as is. Every fp8 value (e4m3fn, e4m3fnuz, e5m2, e5m2fnuz: at most 3 mantissa
+//   bits, exponents 2^-17 .. 2^15) is a bf16 (7 mantissa bits, f32's exponent range), widened while
+//   staging. (They are f16 values too, but bf16 keeps x's range below.) An f16 weight (11
+//   significant bits) is w_hi + w_lo with w_hi = bf16(w) and w_lo = w - w_hi, whose at most 4
+//   significant bits and exponent >= 2^-24 make it a bf16 too: W_PARTS = 2 for f16, else 1.
+// - Activations: the model runs f32 x and its logits must match transformers' f32 run, so x is
+//   split into X_PARTS = 3 bf16 parts while staging: h = bf16(x), m = bf16(x - h), l = bf16(x - h
+//   - m) (each difference exact in f32); |x - (h + m + l)| <= 2^-24 |x|, as close as f32's own
+//   rounding of x (2 parts would give 2^-16). Non-finite h (x infinite, NaN or above bf16's
+//   largest, ~3.39e38) keeps m = l = 0.
+// So each output is a sum of X_PARTS * W_PARTS * k exact products. PTX leaves the mma's internal
+// order and rounding unspecified (measurements show truncation), so the bound assumed is f32
+// summation with unit error 2^-23 over all N = X_PARTS W_PARTS k products: |acc - sum| <=
+// gamma'(N) sum|t|, gamma'(N) = N 2^-23 / (1 - N 2^-23), sum|t| <= (1 + 2^-7) sum_l |x w| (the
+// lower parts are at most 2^-8 of the part above). Then the scale: one multiply (plain), or per
+// k-block a multiply and an add into the f32 total (block scales: ceil(k / bc) + 1 roundings).
+// tests/gpu_linear.rs holds the kernels to this bound plus the split's 2^-24 |x|.
+//
+// Algorithm: block (x, y) owns the TILE_N x TILE_M outputs j in [x TILE_N, ...), i in
+// [y TILE_M, ...); WARPS_M x WARPS_N warps, each a WARP_M x WARP_N tile of FRAG_M x FRAG_N
+// m16n8 f32 accumulator fragments. Per TILE_K step: every thread loads its 16-byte words of the
+// next x and weight tiles into registers (x_stage, w_stage) while the warps run the mma over the
+// current tiles in shared memory; then it splits / widens the staged words into the other of two
+// shared buffers (so one __syncthreads per step). No cp.async: it copies raw bytes, and both
+// operands are converted on the way in. Shared tiles are [row][TILE_K] bf16, the 16-byte chunks of
+// each row XOR-swizzled by (row / 2) % 4, so the eight 16-byte rows an ldmatrix phase reads lie
+// in distinct banks. Fragments: A (x parts) by ldmatrix_x4 over [i][l]; B (weight parts) by
+// ldmatrix_x4 (not .trans: W's rows are B's columns) over [j][l], two n8 fragments per call.
+//
+// Not yet: wgmma + TMA on sm_90a (not emulated by the SIMT layer), split-K for small grids, bf16 x
+// without the split for callers that opt into bf16 accuracy.
+//
+// Launch: runtime/src/gpu/ops/gemm.rs; grid (ceil(n / TILE_N), ceil(m / TILE_M)), block
+// WARPS_M * WARPS_N warps, no dynamic shared memory. Tests: tests/gpu_linear.rs (m > 16 cases on
+// the paths gemm::gemm_path picks; exact three-part / two-part cases).
+#include "linear.cuh"
+#include "mma.cuh"
+
+namespace mw_gemm_tc {
+
+using namespace mw_linear;
+
+constexpr int TILE_M = 64;
+constexpr int TILE_N = 64;
+constexpr int TILE_K = 32;
+constexpr int WARPS_M = 2;
+constexpr int WARPS_N = 2;
+constexpr int THREADS = WARPS_M * WARPS_N * MW_WARP;
+constexpr int WARP_M = TILE_M / WARPS_M;
+constexpr int WARP_N = TILE_N / WARPS_N;
+constexpr int MMA_M = 16, MMA_N = 8, MMA_K = 16;
+constexpr int FRAG_M = WARP_M / MMA_M;
+constexpr int FRAG_N = WARP_N / MMA_N;
+constexpr int X_PARTS = 3;
+constexpr int CHUNK = 8;  // bf16 per 16-byte chunk of a shared row
+static_assert(TILE_K == 4 * CHUNK, "the swizzle permutes the 4 chunks of a row");
+static_assert(FRAG_N % 2 == 0, "one ldmatrix_x4 yields two n8 B fragments");
+
+// 16-byte words of x and of the weight per thread per tile.
+constexpr int X_WORDS = TILE_M * TILE_K / 4 / THREADS;
+static_assert(X_WORDS * 4 * THREADS == TILE_M * TILE_K, "x tile in whole words per thread");
+template <typename W>
+struct WeightTraits {
+    static constexpr int PER_WORD = 16 / int(sizeof(W));
+    static constexpr int WORDS = TILE_N * TILE_K / PER_WORD / THREADS;
+    static constexpr int PARTS = 1;  // bf16 and fp8 are bf16 values
+    static_assert(WORDS * PER_WORD * THREADS == TILE_N * TILE_K, "weight tile in whole words per thread");
+};
+template <>
+struct WeightTraits<f16> {
+    static constexpr int PER_WORD = 8;
+    static constexpr int WORDS = TILE_N * TILE_K / PER_WORD / THREADS;
+    static constexpr int PARTS = 2;  // w = bf16 hi + bf16 lo, exactly
+};
+
+MW_DEV bool finite(float v) { return (__float_as_uint(v) & 0x7f800000u) != 0x7f800000u; }
+
+// The element offset of (row, col) in a swizzled [rows][TILE_K] shared tile.
+MW_DEV int swizzled(int row, int col) {
+    return row * TILE_K + (((col / CHUNK) ^ ((row / 2) % 4)) * CHUNK) + col % CHUNK;
+}
+
+// One tile's global words, in registers between the load and the store into shared memory.
+template <typename W>
+struct Staged {
+    Words x_stage[X_WORDS];
+    Words w_stage[WeightTraits<W>::WORDS];
+};
+
+// Loads the x tile rows [i0, +TILE_M) and weight tile rows [j0, +TILE_N), columns [l0, +TILE_K);
+// words outside the matrices are zero (k is a multiple of every word's elements, so a word is
+// wholly inside or outside).
+template <typename W>
+MW_DEV void load_tile(const LinearParams& p, uint64_t i0, uint64_t j0, uint64_t l0, Staged<W>& s) {
+    using WT = WeightTraits<W>;
+    const int t = threadIdx.x;
+#pragma unroll
+    for (int r = 0; r < X_WORDS; ++r) {
+        const int c = t + r * THREADS, row = c / (TILE_K / 4), col = (c % (TILE_K / 4)) * 4;
+        const uint64_t i = i0 + row, l = l0 + col;
+        s.x_stage[r] = (i < p.m && l < p.k) ? *reinterpret_cast<const Words*>(p.x + i * p.k + l) : Words{{0, 0, 0, 0}};
+    }
+    const W* weight = reinterpret_cast<const W*>(p.weight);
+#pragma unroll
+    for (int r = 0; r < WT::WORDS; ++r) {
+        const int c = t + r * THREADS, row = c / (TILE_K / WT::PER_WORD), col = (c % (TILE_K / WT::PER_WORD)) * WT::PER_WORD;
+        const uint64_t j = j0 + row, l = l0 + col;
+        s.w_stage[r] =
+            (j < p.n && l < p.k) ? *reinterpret_cast<const Words*>(weight + j * p.k + l) : Words{{0, 0, 0, 0}};
+    }
+}
+
+// Splits / widens the staged words into shared tiles x_smem[part], w_smem[part].
+template <typename W>
+MW_DEV void store_tile(const Staged<W>& s, bf16 (*x_smem)[TILE_M * TILE_K], bf16 (*w_smem)[TILE_N * TILE_K]) {
+    using WT = WeightTraits<W>;
+    const int t = threadIdx.x;
+#pragma unroll
+    for (int r = 0; r < X_WORDS; ++r) {
+        const int c = t + r * THREADS, row = c / (TILE_K / 4), col = (c % (TILE_K / 4)) * 4;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float x = __uint_as_float(s.x_stage[r].e[e]);
+            const bf16 hi = mw::from_f32<bf16>(x);
+            const float rest = finite(mw::to_f32(hi)) ? x - mw::to_f32(hi) : 0.0f;
+            const bf16 mid = mw::from_f32<bf16>(rest);
+            const bf16 lo = mw::from_f32<bf16>(rest - mw::to_f32(mid));
+            const int at = swizzled(row, col + e);
+            x_smem[0][at] = hi;
+            x_smem[1][at] = mid;
+            x_smem[2][at] = lo;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < WT::WORDS; ++r) {
+        const int c = t + r * THREADS, row = c / (TILE_K / WT::PER_WORD), col = (c % (TILE_K / WT::PER_WORD)) * WT::PER_WORD;
+#pragma unroll
+        for (int e = 0; e < WT::PER_WORD; ++e) {
+            const float w = element<W>(s.w_stage[r], e);
+            const bf16 hi = mw::from_f32<bf16>(w);  // exact unless W is f16
+            const int at = swizzled(row, col + e);
+            w_smem[0][at] = hi;
+            if constexpr (WT::PARTS == 2) {
+                w_smem[1][at] = mw::from_f32<bf16>(finite(w) ? w - mw::to_f32(hi) : 0.0f);
+            }
+        }
+    }
+}
+
+// sum += the warp's part of x_tile . w_tile^T over one TILE_K step.
+template <int W_PARTS>
+MW_DEV void mma_tile(const bf16 (*x_smem)[TILE_M * TILE_K], const bf16 (*w_smem)[TILE_N * TILE_K], int wm, int wn,
+                     float (&sum)[FRAG_M][FRAG_N][4]) {
+    const int lane = threadIdx.x % MW_WARP;
+#pragma unroll
+    for (int kk = 0; kk < TILE_K; kk += MMA_K) {
+        uint32_t a_reg[X_PARTS][FRAG_M][4];
+#pragma unroll
+        for (int q = 0; q < X_PARTS; ++q)
+#pragma unroll
+            for (int mt = 0; mt < FRAG_M; ++mt) {
+                const int row = wm * WARP_M + mt * MMA_M + lane % 16, col = kk + 8 * (lane / 16);
+                mw::ldmatrix_x4(a_reg[q][mt], &x_smem[q][swizzled(row, col)]);
+            }
+        uint32_t b_reg[W_PARTS][FRAG_N][2];
+#pragma unroll
+        for (int q = 0; q < W_PARTS; ++q)
+#pragma unroll
+            for (int np = 0; np < FRAG_N / 2; ++np) {
+                // matrices (j 0-7, l 0-7), (j 0-7, l 8-15), (j 8-15, l 0-7), (j 8-15, l 8-15)
+                const int row = wn * WARP_N + np * 2 * MMA_N + lane % 8 + 8 * (lane / 16);
+                const int col = kk + 8 * ((lane / 8) % 2);
+                uint32_t r[4];
+                mw::ldmatrix_x4(r, &w_smem[q][swizzled(row, col)]);
+                b_reg[q][2 * np][0] = r[0];
+                b_reg[q][2 * np][1] = r[1];
+                b_reg[q][2 * np + 1][0] = r[2];
+                b_reg[q][2 * np + 1][1] = r[3];
+            }
+#pragma unroll
+        for (int mt = 0; mt < FRAG_M; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < FRAG_N; ++nt)
+#pragma unroll
+                for (int qx = 0; qx < X_PARTS; ++qx)
+#pragma unroll
+                    for (int qw = 0; qw < W_PARTS; ++qw)
+                        mw::mma_m16n8k16_bf16(sum[mt][nt], a_reg[qx][mt], b_reg[qw][nt], sum[mt][nt]);
+    }
+}
+
+template <typename W, typename Scale>
+MW_DEV void gemm_tc(const LinearParams& p) {
+    using WT = WeightTraits<W>;
+    __shared__ __align__(16) bf16 x_smem[2][X_PARTS][TILE_M * TILE_K];
+    __shared__ __align__(16) bf16 w_smem[2][WT::PARTS][TILE_N * TILE_K];
+    const int lane = threadIdx.x % MW_WARP, warp = threadIdx.x / MW_WARP;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N, g = lane >> 2, tq = lane % 4;
+    const uint64_t i0 = uint64_t(blockIdx.y) * TILE_M, j0 = uint64_t(blockIdx.x) * TILE_N;
+    const uint64_t tiles = (p.k + TILE_K - 1) / TILE_K;
+    // Tiles per scale k-block (the launcher ensures block_cols >= k or a multiple of TILE_K).
+    const uint64_t block_tiles = (Scale::BLOCKS && p.block_cols < p.k) ? p.block_cols / TILE_K : tiles;
+
+    float acc_f32[FRAG_M][FRAG_N][4], part_f32[FRAG_M][FRAG_N][4];
+#pragma unroll
+    for (int mt = 0; mt < FRAG_M; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < FRAG_N; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_f32[mt][nt][e] = part_f32[mt][nt][e] = 0.0f;
+
+    Staged<W> staged;
+    load_tile<W>(p, i0, j0, 0, staged);
+    store_tile<W>(staged, x_smem[0], w_smem[0]);
+    __syncthreads();
+    for (uint64_t tile = 0; tile < tiles; ++tile) {
+        const int buf = int(tile % 2);
+        const bool more = tile + 1 < tiles;
+        if (more) load_tile<W>(p, i0, j0, (tile + 1) * TILE_K, staged);
+        if constexpr (Scale::BLOCKS) {
+            mma_tile<WT::PARTS>(x_smem[buf], w_smem[buf], wm, wn, part_f32);
+            if (!more || (tile + 1) % block_tiles == 0) {
+                // The k-block ends: acc += part * its scale, column by column.
+                const uint64_t l = tile * TILE_K;
+#pragma unroll
+                for (int nt = 0; nt < FRAG_N; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const uint64_t j = j0 + wn * WARP_N + nt * MMA_N + 2 * tq + e;
+                        const float s = j < p.n ? Scale::at(p, j, l) : 0.0f;
+#pragma unroll
+                        for (int mt = 0; mt < FRAG_M; ++mt)
+#pragma unroll
+                            for (int h = 0; h < 2; ++h) {
+                                acc_f32[mt][nt][2 * h + e] += part_f32[mt][nt][2 * h + e] * s;
+                                part_f32[mt][nt][2 * h + e] = 0.0f;
+                            }
+                    }
+            }
+        } else {
+            mma_tile<WT::PARTS>(x_smem[buf], w_smem[buf], wm, wn, acc_f32);
+        }
+        // The other buffer was last read in the previous step, before the barrier that ended it.
+        if (more) store_tile<W>(staged, x_smem[buf ^ 1], w_smem[buf ^ 1]);
+        __syncthreads();
+    }
+#pragma unroll
+    for (int mt = 0; mt < FRAG_M; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < FRAG_N; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const uint64_t i = i0 + wm * WARP_M + mt * MMA_M + g + 8 * (e / 2);
+                const uint64_t j = j0 + wn * WARP_N + nt * MMA_N + 2 * tq + e % 2;
+                const float v = acc_f32[mt][nt][e];
+                if (i < p.m && j < p.n) store_y(p, i, j, Scale::BLOCKS ? v : v * p.scale);
+            }
+}
+
+}  // namespace mw_gemm_tc
+
+#define MW_GEMM_TC(wname, W, Scale, sname)                                                           \
+    MW_KERNEL_BOUNDS(gemm_tc_##wname##sname, LinearParams, mw_gemm_tc::THREADS) {                     \
+        mw_gemm_tc::gemm_tc<W, Scale>(p);                                                            \
+    }
+#define MW_GEMM_TC_PLAIN(wname, W, _) MW_GEMM_TC(wname, W, mw_linear::NoBlocks, )
+#define MW_GEMM_TC_BLOCK_F32(wname, W, _) MW_GEMM_TC(wname, W, mw_linear::Blocks<float>, _block_f32)
+#define MW_GEMM_TC_BLOCK_BF16(wname, W, _) MW_GEMM_TC(wname, W, mw_linear::Blocks<bf16>, _block_bf16)
+// The weight dtypes of the tensor-core path: every float type but f32.
+#define MW_GEMM_TC_FOR_EACH_WEIGHT(INSTANTIATE)                                                      \
+    INSTANTIATE(f16, f16, )                                                                          \
+    INSTANTIATE(bf16, bf16, )                                                                        \
+    INSTANTIATE(e4m3fn, e4m3fn, )                                                                    \
+    INSTANTIATE(e4m3fnuz, e4m3fnuz, )                                                                \
+    INSTANTIATE(e5m2, e5m2, )                                                                        \
+    INSTANTIATE(e5m2fnuz, e5m2fnuz, )
+MW_GEMM_TC_FOR_EACH_WEIGHT(MW_GEMM_TC_PLAIN)
+MW_GEMM_TC_FOR_EACH_WEIGHT(MW_GEMM_TC_BLOCK_F32)
+MW_GEMM_TC_FOR_EACH_WEIGHT(MW_GEMM_TC_BLOCK_BF16)
