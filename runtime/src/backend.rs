@@ -79,6 +79,7 @@ pub trait Backend: Send + Sync {
         ids: &Tensor<Self::Storage>,
         out: &mut Tensor<Self::Storage>,
     ) -> Result<()>;
+    #[allow(clippy::too_many_arguments)]
     fn exec_kv_store(
         &self,
         d: AttnDims,
@@ -279,6 +280,7 @@ pub trait Backend: Send + Sync {
 
     /// Causal grouped-query attention of each query row over its sequence's cached positions
     /// `0..=positions[r]`.
+    #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
         q: &Tensor<Self::Storage>,

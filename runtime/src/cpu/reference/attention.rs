@@ -46,6 +46,7 @@ pub(super) fn kv_store(
 }
 
 /// Causal grouped-query attention of `q [rows, heads, head_dim]` over the cache.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn attention(
     d: AttnDims,
     q: &HostTensor,

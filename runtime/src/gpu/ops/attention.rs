@@ -324,6 +324,7 @@ pub fn block_shift(block_size: usize) -> u32 {
 // ---------------------------------------------------------------------------------------------
 // Launchers
 
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn kv_store<D: Device>(
     g: &Gpu<D>,
     d: AttnDims,
