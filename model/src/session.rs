@@ -683,11 +683,11 @@ impl<'m, B: Backend> Session<'m, B> {
         write_u32(ws, Buf::Ids, rows.iter().map(|r| r.token).collect())?;
         write_u32(ws, Buf::Positions, rows.iter().map(|r| r.pos).collect())?;
         write_u32(ws, Buf::Slots, rows.iter().map(|r| r.slot).collect())?;
-        if self.pool.take_dirty() {
-            if let Err(e) = b.write(&mut self.block_table, bytemuck::cast_slice(self.pool.table())) {
-                self.pool.dirty = true;
-                return Err(e.into());
-            }
+        if self.pool.take_dirty()
+            && let Err(e) = b.write(&mut self.block_table, bytemuck::cast_slice(self.pool.table()))
+        {
+            self.pool.dirty = true;
+            return Err(e.into());
         }
         let picks = !last.is_empty();
         if picks {
