@@ -172,6 +172,7 @@ where
     let t = Instant::now();
     let mut tokens = Vec::with_capacity(batch);
     for slot in 0..batch {
+        session.reserve(slot, PROMPT + WINDOW).expect("the pool holds every slot at full length");
         let prompt: Vec<Row> = (0..PROMPT as u32)
             .map(|p| Row {
                 token: (mix64(((slot as u64) << 32) | p as u64) % vocab) as u32,

@@ -1,19 +1,29 @@
 // attention.cu: the KV cache store and causal grouped-query attention over it.
 //
 // Math (runtime/src/cpu/reference/attention.rs is the oracle):
-//   kv_store:  K[slots[r], positions[r]] = k[r], V[...] = v[r], rounded to the cache dtype (RNE),
-//              rows in order: of rows naming the same (slot, position) the last one wins.
+//   kv_store:  K[s][t] = k[r], V[s][t] = v[r] for s = slots[r], t = positions[r], rounded to the
+//              cache dtype (RNE), rows in order: of rows naming the same place of the cache the
+//              last one wins.
 //   attention: for query row r, head h, kv head g = h / (heads / kv_heads), slot s = slots[r],
 //              positions t = 0..=positions[r] (causal):
 //              out[r][h] = sum_t softmax_t(scale * q[r][h] . K[s][t][g]) V[s][t][g].
-// Shapes: q, out [rows, heads, head_dim] f32; k, v [rows, kv_heads, head_dim] f32; caches
-// [n_slots, capacity, kv_heads, head_dim], element (s, t, g, e) at ((s * capacity + t) *
-// kv_heads + g) * head_dim + e, f32, bf16 or f16 (k and v independently). slots, positions u32
-// [rows]. Rows may name any slots in any order (a prefill is rows p0..p0+T-1 of one slot, a
-// decode step one row per sequence; a batch may mix both).
-// Data-dependent errors: a slot >= n_slots (MW_SLOT_OUT_OF_RANGE) or position >= capacity
-// (MW_CONTEXT_OVERFLOW) is reported through mw::report and the row is skipped (its output is
-// left as it was).
+// Shapes: q, out [rows, heads, head_dim] f32; k, v [rows, kv_heads, head_dim] f32; the caches are
+// paged, [num_blocks, block_size, kv_heads, head_dim], f32, bf16 or f16 (k and v independently),
+// through the block table u32 [n_slots, max_blocks]: K[s][t][g][e] is element
+// ((table[s][t / block_size] * block_size + t % block_size) * kv_heads + g) * head_dim + e, and
+// capacity = max_blocks * block_size. A block is contiguous, so a key row is still one contiguous
+// run of head_dim elements (the loads below stay coalesced whatever the block size); the kernels
+// look up the block of each key position they load (one L1-resident u32 read per position and
+// lane group, a shift for power-of-two block sizes, else a division), so any block size >= 1 works
+// and a tile or split may straddle blocks. slots, positions u32 [rows]. Rows may name any slots in
+// any order (a prefill is rows p0..p0+T-1 of one slot, a decode step one row per sequence; a
+// batch may mix both).
+// Data-dependent errors: a slot >= n_slots (MW_SLOT_OUT_OF_RANGE), a position >= capacity
+// (MW_CONTEXT_OVERFLOW) or a table entry the row needs >= num_blocks (MW_BLOCK_OUT_OF_RANGE: the
+// entry of the row's position for kv_store; of every block up to it for attention, which every
+// block of the row checks before loading any key, so no split goes ahead alone) is reported
+// through mw::report and the row is skipped (its output, or the cache, is left as it was); no
+// kernel reads or writes through an unchecked entry.
 //
 // Kernels (runtime/src/gpu/ops/attention.rs picks them, from shapes and dtypes only):
 // - kv_store_<k>_<v>: a block per row; the block first scans the later rows for one naming the
@@ -130,6 +140,36 @@ MW_DEV bool row_in_cache(unsigned int* status, unsigned int op, uint32_t n_slots
     return true;
 }
 
+// Paging: position t of a slot lies at element offset(t) of the cache (plus the kv head's and
+// element's offsets). Only called for positions whose table entries were checked.
+struct Pages {
+    const uint32_t* table_row;  // the slot's row of the block table
+    uint32_t block_size;
+    uint32_t shift;             // log2(block_size), or 32: divide
+    uint64_t pos_stride;        // elements per position: kv_heads * head_dim
+    MW_DEV uint64_t offset(uint32_t t) const {
+        const uint32_t b = shift < 32u ? t >> shift : t / block_size;
+        const uint32_t o = t - b * block_size;
+        return (uint64_t(__ldg(table_row + b)) * block_size + o) * pos_stride;
+    }
+};
+
+// The index of the first entry of table_row[0..n) that names no block of the cache, or
+// 0xffffffff. Every thread of the block calls it (it synchronises).
+template <int THREADS>
+MW_DEV uint32_t first_bad_entry(const uint32_t* table_row, uint32_t n, uint32_t num_blocks) {
+    __shared__ uint32_t bad_smem;
+    if (threadIdx.x == 0) bad_smem = 0xffffffffu;
+    __syncthreads();
+    for (uint32_t j = threadIdx.x; j < n; j += THREADS) {
+        if (__ldg(table_row + j) >= num_blocks) atomicMin(&bad_smem, j);
+    }
+    __syncthreads();
+    const uint32_t bad = bad_smem;
+    __syncthreads();  // the next call may reset it
+    return bad;
+}
+
 // Whether row r belongs to a prefill tile (prefill_rows consecutive rows, all in one slot) that
 // the prefill kernel of this call handles; the decode kernel skips those rows. Both kernels
 // decide with this one function.
@@ -186,17 +226,18 @@ struct KvRaw {
 };
 
 template <class C>
-MW_DEV void load_step(KvRaw<C>& raw, const typename C::KT* kc, const typename C::VT* vc, uint64_t pos_stride,
+MW_DEV void load_step(KvRaw<C>& raw, const typename C::KT* kc, const typename C::VT* vc, const Pages& pages,
                       uint32_t base, uint32_t t_end, uint32_t gi, uint32_t lane, uint32_t hd) {
 #pragma unroll
     for (int u = 0; u < C::U; ++u) {
         const uint32_t t = base + uint32_t(u * C::GROUPS) + gi;
+        const uint64_t at = t < t_end ? pages.offset(t) : 0;
 #pragma unroll
         for (int c = 0; c < C::CHUNKS; ++c) {
             const uint32_t e0 = (uint32_t(c * C::LANES) + lane) * C::CHUNK;
             if (t < t_end && (C::FIXED || e0 < hd)) {
-                load_words<C::KW>(kc + t * pos_stride + e0, raw.k[u][c]);
-                load_words<C::VW>(vc + t * pos_stride + e0, raw.v[u][c]);
+                load_words<C::KW>(kc + at + e0, raw.k[u][c]);
+                load_words<C::VW>(vc + at + e0, raw.v[u][c]);
             } else {
 #pragma unroll
                 for (int w = 0; w < C::KW; ++w) raw.k[u][c][w] = 0u;
@@ -230,6 +271,13 @@ MW_DEV void decode(const AttentionParams& p) {
     const uint32_t slot = p.slots[r], pos = p.positions[r];
     const bool reporter = split == 0 && blockIdx.z == 0 && tid == 0;
     if (!row_in_cache(p.status, MW_OP_ATTENTION, p.n_slots, p.capacity, r, slot, pos, reporter)) return;
+    // Every block of the row checks the row's whole table (the same answer for all its splits).
+    const uint32_t* table_row = p.block_table + uint64_t(slot) * p.max_blocks;
+    const uint32_t bad = first_bad_entry<C::THREADS>(table_row, pos / p.block_size + 1, p.num_blocks);
+    if (bad != 0xffffffffu) {
+        if (reporter) mw::report(p.status, MW_OP_ATTENTION, MW_BLOCK_OUT_OF_RANGE, r, table_row[bad], p.num_blocks);
+        return;
+    }
 
     // This block's positions [t_begin, t_end) of the row's n.
     const uint32_t n = pos + 1;
@@ -270,17 +318,16 @@ MW_DEV void decode(const AttentionParams& p) {
         for (int j = 0; j < E; ++j) acc[g][j] = 0.0f;
     }
 
-    const uint64_t pos_stride = uint64_t(p.kv_heads) * hd;
-    const uint64_t head_base = (uint64_t(slot) * p.capacity * p.kv_heads + kv_head) * hd;
-    const KT* kc = static_cast<const KT*>(p.k_cache) + head_base;
-    const VT* vc = static_cast<const VT*>(p.v_cache) + head_base;
+    const Pages pages{table_row, p.block_size, p.block_shift, uint64_t(p.kv_heads) * hd};
+    const KT* kc = static_cast<const KT*>(p.k_cache) + uint64_t(kv_head) * hd;
+    const VT* vc = static_cast<const VT*>(p.v_cache) + uint64_t(kv_head) * hd;
 
     KvRaw<C> cur;
-    load_step<C>(cur, kc, vc, pos_stride, t_begin, t_end, gi, lane, hd);
+    load_step<C>(cur, kc, vc, pages, t_begin, t_end, gi, lane, hd);
     for (uint32_t base = t_begin; base < t_end; base += C::STEP) {
         // The next step's loads go out before this step's arithmetic.
         KvRaw<C> next;
-        load_step<C>(next, kc, vc, pos_stride, base + C::STEP, t_end, gi, lane, hd);
+        load_step<C>(next, kc, vc, pages, base + C::STEP, t_end, gi, lane, hd);
 
         // Scores of the U positions for each head: the lane's partial dot, summed over the group.
         float s[U][G];
@@ -470,9 +517,10 @@ struct PrefillCfg {
     static_assert(BK % KC == 0 && CH >= 1, "tile shapes");
 };
 
-// Converts positions [t0, t0 + nk) of one kv head into a row-major f32 tile [BK][HD_MAX].
+// Converts positions [t0, t0 + nk) of one kv head into a row-major f32 tile [BK][HD_MAX] (the
+// tile may straddle cache blocks: each key row is looked up).
 template <class C>
-MW_DEV void load_tile(const typename C::CT* src, uint64_t pos_stride, uint32_t t0, uint32_t nk, uint32_t hd,
+MW_DEV void load_tile(const typename C::CT* src, const Pages& pages, uint32_t t0, uint32_t nk, uint32_t hd,
                       float* tile) {
     using CT = typename C::CT;
     constexpr int VEC = 16 / int(sizeof(CT));  // elements per 16-byte load
@@ -481,7 +529,7 @@ MW_DEV void load_tile(const typename C::CT* src, uint64_t pos_stride, uint32_t t
         for (uint32_t idx = threadIdx.x; idx < nk * per_row; idx += C::THREADS) {
             const uint32_t key = idx / per_row, e0 = (idx % per_row) * VEC;
             uint32_t w[4];
-            load_words<4>(src + (t0 + key) * pos_stride + e0, w);
+            load_words<4>(src + pages.offset(t0 + key) + e0, w);
             float f[VEC];
 #pragma unroll
             for (int i = 0; i < 4; ++i) Cvt<CT>::word(w[i], &f[i * Cvt<CT>::PER_WORD]);
@@ -496,7 +544,7 @@ MW_DEV void load_tile(const typename C::CT* src, uint64_t pos_stride, uint32_t t
         for (uint32_t idx = threadIdx.x; idx < nk * per_row; idx += C::THREADS) {
             const uint32_t key = idx / per_row, e0 = (idx % per_row) * 2;
             uint32_t w[W];
-            load_words<W>(src + (t0 + key) * pos_stride + e0, w);
+            load_words<W>(src + pages.offset(t0 + key) + e0, w);
             float f[2];
 #pragma unroll
             for (int i = 0; i < W; ++i) Cvt<CT>::word(w[i], &f[i * Cvt<CT>::PER_WORD]);
@@ -543,6 +591,23 @@ MW_DEV void prefill(const AttentionParams& p) {
         }
     }
     if (n_keys == 0) return;
+    // The tile reads positions 0..n_keys of its slot: every entry up to the last one's block.
+    const uint32_t* table_row = p.block_table + uint64_t(slot) * p.max_blocks;
+    const uint32_t bad = first_bad_entry<C::THREADS>(table_row, (n_keys - 1) / p.block_size + 1, p.num_blocks);
+    if (bad != 0xffffffffu) {
+        // The first row of the tile that needs the entry (the reference's row).
+        if (reporter && tid == 0) {
+            for (uint32_t i = 0; i < tile_rows; ++i) {
+                const uint32_t pos = p.positions[first + i];
+                if (pos < p.capacity && pos / p.block_size >= bad) {
+                    mw::report(p.status, MW_OP_ATTENTION, MW_BLOCK_OUT_OF_RANGE, first + i, table_row[bad],
+                               p.num_blocks);
+                    break;
+                }
+            }
+        }
+        return;
+    }
 
     const uint32_t hd = p.head_dim;
     const uint32_t group = p.heads / p.kv_heads;
@@ -586,15 +651,14 @@ MW_DEV void prefill(const AttentionParams& p) {
     for (uint32_t i = tid; i < uint32_t(2 * C::BK * C::HD_MAX); i += C::THREADS) smem[i] = 0.0f;
     __syncthreads();
 
-    const uint64_t pos_stride = uint64_t(p.kv_heads) * hd;
-    const uint64_t head_base = (uint64_t(slot) * p.capacity * p.kv_heads + kv_head) * hd;
-    const typename C::CT* kc = static_cast<const typename C::CT*>(p.k_cache) + head_base;
-    const typename C::CT* vc = static_cast<const typename C::CT*>(p.v_cache) + head_base;
+    const Pages pages{table_row, p.block_size, p.block_shift, uint64_t(p.kv_heads) * hd};
+    const typename C::CT* kc = static_cast<const typename C::CT*>(p.k_cache) + uint64_t(kv_head) * hd;
+    const typename C::CT* vc = static_cast<const typename C::CT*>(p.v_cache) + uint64_t(kv_head) * hd;
 
     for (uint32_t t0 = 0; t0 < n_keys; t0 += C::BK) {
         const uint32_t nk = umin(uint32_t(C::BK), n_keys - t0);
-        load_tile<C>(kc, pos_stride, t0, nk, hd, k_smem);
-        load_tile<C>(vc, pos_stride, t0, nk, hd, v_smem);
+        load_tile<C>(kc, pages, t0, nk, hd, k_smem);
+        load_tile<C>(vc, pages, t0, nk, hd, v_smem);
         __syncthreads();
         for (uint32_t k0 = 0; k0 < nk; k0 += KC) {
             float s[QPT][KC];
@@ -672,21 +736,39 @@ MW_DEV void prefill(const AttentionParams& p) {
 
 constexpr int STORE_THREADS = 128;
 
+// The cache row (block * block_size + offset) that (slot, pos) maps to, or 0xffffffffffffffff when
+// the slot, the position or the table entry is out of range.
+MW_DEV uint64_t store_place(const KvStoreParams& p, uint32_t slot, uint32_t pos) {
+    if (slot >= p.n_slots || pos >= p.capacity) return ~uint64_t(0);
+    const uint32_t block = p.block_table[uint64_t(slot) * p.max_blocks + pos / p.block_size];
+    if (block >= p.num_blocks) return ~uint64_t(0);
+    return uint64_t(block) * p.block_size + pos % p.block_size;
+}
+
 template <typename KT, typename VT>
 MW_DEV void kv_store(const KvStoreParams& p) {
     const uint64_t r = blockIdx.x;
     const uint32_t slot = p.slots[r], pos = p.positions[r];
     if (!row_in_cache(p.status, MW_OP_KV_STORE, p.n_slots, p.capacity, r, slot, pos, threadIdx.x == 0)) return;
-    // A later row naming the same place wins: then this one writes nothing.
+    const uint64_t place = store_place(p, slot, pos);
+    if (place == ~uint64_t(0)) {
+        if (threadIdx.x == 0) {
+            const uint32_t block = p.block_table[uint64_t(slot) * p.max_blocks + pos / p.block_size];
+            mw::report(p.status, MW_OP_KV_STORE, MW_BLOCK_OUT_OF_RANGE, r, block, p.num_blocks);
+        }
+        return;
+    }
+    // A later row naming the same place of the cache (through the table) wins: then this one
+    // writes nothing.
     __shared__ int later_smem;
     if (threadIdx.x == 0) later_smem = 0;
     __syncthreads();
     for (uint64_t i = r + 1 + threadIdx.x; i < p.rows; i += STORE_THREADS) {
-        if (p.slots[i] == slot && p.positions[i] == pos) later_smem = 1;
+        if (store_place(p, p.slots[i], p.positions[i]) == place) later_smem = 1;
     }
     __syncthreads();
     if (later_smem) return;
-    const uint64_t at = (uint64_t(slot) * p.capacity + pos) * p.width;
+    const uint64_t at = place * p.width;
     KT* kc = static_cast<KT*>(p.k_cache) + at;
     VT* vc = static_cast<VT*>(p.v_cache) + at;
     const float* k = p.k + r * p.width;

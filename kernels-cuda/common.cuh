@@ -78,6 +78,7 @@ typedef unsigned int mw_lanemask;
 #define MW_SLOT_OUT_OF_RANGE 2u
 #define MW_CONTEXT_OVERFLOW 3u
 #define MW_INDEX_OUT_OF_RANGE 4u
+#define MW_BLOCK_OUT_OF_RANGE 5u
 #define MW_OP_EMBEDDING 1u
 #define MW_OP_KV_STORE 2u
 #define MW_OP_ATTENTION 3u

@@ -43,8 +43,23 @@ struct Case {
     history: Vec<(u32, u32)>,
     /// This step's query rows: (slot, position); their k, v are stored first.
     rows: Vec<(u32, u32)>,
+    /// The cache's blocks and block table.
+    paging: Paging,
     scale: f32,
     seed: u64,
+}
+
+impl Case {
+    /// The same case over a random block table of `block_size` positions per block.
+    fn paged(mut self, block_size: usize) -> Case {
+        let mut rng = Rng::new(self.seed ^ 0xb10c);
+        let mut used = vec![0; self.slots];
+        for &(s, p) in self.history.iter().chain(&self.rows) {
+            used[s as usize] = used[s as usize].max(p as usize + 1);
+        }
+        self.paging = Paging::random(&mut rng, block_size, self.capacity, &used);
+        self
+    }
 }
 
 /// Sequences `(start, len)`: sequence i lives in its own slot (slots shuffled, one spare slot left
@@ -86,7 +101,12 @@ fn case(
         2 => rng.open01() as f32,
         _ => 64.0,
     };
-    Case { kv_heads, ratio, head_dim, k_dt, v_dt, slots, capacity, history, rows, scale, seed }
+    let paging = Paging::contiguous(slots, capacity);
+    let c =
+        Case { kv_heads, ratio, head_dim, k_dt, v_dt, slots, capacity, history, rows, paging, scale, seed };
+    // Block sizes 1, 16, odd ones, or the contiguous layout.
+    let block_size = Paging::pick_block_size(&mut rng, capacity);
+    c.paged(block_size)
 }
 
 /// Stores `entries` with random k, v through the reference and the GPU, and records the values
@@ -117,6 +137,7 @@ fn store<D: Device>(
         &upload(r, DType::F32, &shape, &kv),
         &upload(r, DType::F32, &shape, &vv),
         c_ref,
+        &c.paging.upload(r),
         &upload_u32(r, &[n], &slots),
         &upload_u32(r, &[n], &positions),
     )
@@ -125,12 +146,13 @@ fn store<D: Device>(
         &upload(g, DType::F32, &shape, &kv),
         &upload(g, DType::F32, &shape, &vv),
         c_gpu,
+        &c.paging.upload(g),
         &upload_u32(g, &[n], &slots),
         &upload_u32(g, &[n], &positions),
     )
     .unwrap_or_else(|e| panic!("{} kv_store {c:?}: {e}", g.name()));
     for (i, &(s, p)) in entries.iter().enumerate() {
-        let at = (s as usize * c.capacity + p as usize) * width;
+        let at = c.paging.row(s, p) * width;
         for e in 0..width {
             k_all[at + e] = round_to(c.k_dt, kv[i * width + e]) as f64;
             v_all[at + e] = round_to(c.v_dt, vv[i * width + e]) as f64;
@@ -150,7 +172,7 @@ fn bounds(c: &Case, qv: &[f32], k_all: &[f64], v_all: &[f64]) -> (Vec<f32>, Vec<
         for h in 0..heads {
             let g = h / c.ratio;
             let qh = &qv[(row * heads + h) * hd..][..hd];
-            let at = |p: usize| (slot as usize * c.capacity + p) * kvh * hd + g * hd;
+            let at = |p: usize| c.paging.row(slot, p as u32) * kvh * hd + g * hd;
             // Scores s_t and A_max = max_t scale sum |q k| (>= |s_t|).
             let mut s = vec![0f64; t_len];
             let mut a_max = 0f64;
@@ -235,10 +257,10 @@ fn run_case<D: Device>(name: &str, g: &Gpu<D>, c: &Case, forced: bool) {
     let r = &*REF;
     let (kvh, hd, heads) = (c.kv_heads, c.head_dim, c.kv_heads * c.ratio);
     let mut rng = Rng::new(c.seed);
-    let shape = [c.slots, c.capacity, kvh, hd];
+    let shape = c.paging.shape(kvh, hd);
     let mut c_ref = KvCacheLayer { k: poisoned(r, c.k_dt, &shape), v: poisoned(r, c.v_dt, &shape) };
     let mut c_gpu = KvCacheLayer { k: poisoned(g, c.k_dt, &shape), v: poisoned(g, c.v_dt, &shape) };
-    let cells = c.slots * c.capacity * kvh * hd;
+    let cells = shape.iter().product();
     let (mut k_all, mut v_all) = (vec![f64::NAN; cells], vec![f64::NAN; cells]);
     store(g, c, &mut rng, &mut c_ref, &mut c_gpu, &c.history, &mut k_all, &mut v_all);
     store(g, c, &mut rng, &mut c_ref, &mut c_gpu, &c.rows, &mut k_all, &mut v_all);
@@ -264,6 +286,7 @@ fn run_case<D: Device>(name: &str, g: &Gpu<D>, c: &Case, forced: bool) {
     REF.attention(
         &upload(r, DType::F32, &[n, heads, hd], &qv),
         &c_ref,
+        &c.paging.upload(r),
         &upload_u32(r, &[n], &slots),
         &upload_u32(r, &[n], &positions),
         c.scale,
@@ -278,8 +301,9 @@ fn run_case<D: Device>(name: &str, g: &Gpu<D>, c: &Case, forced: bool) {
 
     let q = upload(g, DType::F32, &[n, heads, hd], &qv);
     let (slots, positions) = (upload_u32(g, &[n], &slots), upload_u32(g, &[n], &positions));
+    let table = c.paging.upload(g);
     let mut out = poisoned(g, DType::F32, &[n, heads, hd]);
-    g.attention(&q, &c_gpu, &slots, &positions, c.scale, &mut out)
+    g.attention(&q, &c_gpu, &table, &slots, &positions, c.scale, &mut out)
         .unwrap_or_else(|e| panic!("{name} attention {c:?}: {e}"));
     assert_close(
         &format!("attention {name}, launcher's plan, vs reference {c:?}"),
@@ -290,7 +314,7 @@ fn run_case<D: Device>(name: &str, g: &Gpu<D>, c: &Case, forced: bool) {
     if forced {
         for plan in forced_plans(c) {
             let mut out = poisoned(g, DType::F32, &[n, heads, hd]);
-            attn::attention_planned(g, &q, &c_gpu, &slots, &positions, c.scale, &mut out, &plan)
+            attn::attention_planned(g, &q, &c_gpu, &table, &slots, &positions, c.scale, &mut out, &plan)
                 .unwrap_or_else(|e| panic!("{name} attention {plan:?} {c:?}: {e}"));
             assert_close(
                 &format!("attention {name} {plan:?} vs reference {c:?}"),
@@ -368,12 +392,15 @@ fn kv_store_later_row_wins<D: Device>(name: &str, g: &Gpu<D>) {
     let vv: Vec<f32> = kv.iter().map(|v| -v).collect();
     for k_dt in CACHE_TYPES {
         for v_dt in CACHE_TYPES {
-            let shape = [3, 4, kvh, hd];
+            // Blocks of 2 positions, the slots' blocks scrambled, one spare.
+            let shape = [7, 2, kvh, hd];
+            let table_v = [5u32, 2, 0, 6, 3, 1];
             let mut c_ref = KvCacheLayer { k: poisoned(r, k_dt, &shape), v: poisoned(r, v_dt, &shape) };
             REF.kv_store(
                 &upload(r, DType::F32, &[n, kvh, hd], &kv),
                 &upload(r, DType::F32, &[n, kvh, hd], &vv),
                 &mut c_ref,
+                &upload_u32(r, &[3, 2], &table_v),
                 &upload_u32(r, &[n], &slots_v),
                 &upload_u32(r, &[n], &pos_v),
             )
@@ -383,6 +410,7 @@ fn kv_store_later_row_wins<D: Device>(name: &str, g: &Gpu<D>) {
                 &upload(g, DType::F32, &[n, kvh, hd], &kv),
                 &upload(g, DType::F32, &[n, kvh, hd], &vv),
                 &mut c,
+                &upload_u32(g, &[3, 2], &table_v),
                 &upload_u32(g, &[n], &slots_v),
                 &upload_u32(g, &[n], &pos_v),
             )
@@ -398,12 +426,24 @@ fn kv_store_later_row_wins<D: Device>(name: &str, g: &Gpu<D>) {
 /// by the kernel, returned at the next read) are the same typed error.
 fn data_errors<D: Device>(name: &str, g: &Gpu<D>) {
     let r = &*REF;
-    let (kvh, hd, slots_n, capacity) = (2, 64, 3, 20);
-    let shape = [slots_n, capacity, kvh, hd];
+    // Blocks of 4 positions, 5 per slot (capacity 20), 15 blocks; slot 1's third entry names
+    // block 15 (none) and slot 2's first u32::MAX.
+    let (kvh, hd, slots_n, bs) = (2, 64, 3, 4);
+    let shape = [15, bs, kvh, hd];
+    let mut table_v: Vec<u32> = (0..15).map(|i| (4 * i + 1) % 15).collect();
+    table_v[5 + 2] = 15;
+    table_v[10] = u32::MAX;
+    let table_r = upload_u32(r, &[slots_n, 5], &table_v);
+    let table_g = upload_u32(g, &[slots_n, 5], &table_v);
     let mut rng = Rng::new(5);
     // (slots, positions): exactly one bad row, so the first report is the reference's error.
-    let kv_cases: Vec<(Vec<u32>, Vec<u32>)> =
-        vec![(vec![0, 3, 1], vec![0, 1, 2]), (vec![0, 1, 2], vec![4, 20, 2]), (vec![7], vec![0])];
+    let kv_cases: Vec<(Vec<u32>, Vec<u32>)> = vec![
+        (vec![0, 3, 1], vec![0, 1, 2]),
+        (vec![0, 1, 0], vec![4, 20, 2]),
+        (vec![7], vec![0]),
+        (vec![0, 1, 0], vec![3, 9, 19]),
+        (vec![1, 2], vec![19, 1]),
+    ];
     for (slots_v, pos_v) in &kv_cases {
         let n = slots_v.len();
         let kv = random_values(&mut rng, DType::F32, n * kvh * hd);
@@ -414,6 +454,7 @@ fn data_errors<D: Device>(name: &str, g: &Gpu<D>) {
                 &upload(r, DType::F32, &[n, kvh, hd], &kv),
                 &upload(r, DType::F32, &[n, kvh, hd], &kv),
                 &mut c_ref,
+                &table_r,
                 &upload_u32(r, &[n], slots_v),
                 &upload_u32(r, &[n], pos_v),
             )
@@ -423,6 +464,7 @@ fn data_errors<D: Device>(name: &str, g: &Gpu<D>) {
             &upload(g, DType::F32, &[n, kvh, hd], &kv),
             &upload(g, DType::F32, &[n, kvh, hd], &kv),
             &mut c,
+            &table_g,
             &upload_u32(g, &[n], slots_v),
             &upload_u32(g, &[n], pos_v),
         )
@@ -439,11 +481,18 @@ fn data_errors<D: Device>(name: &str, g: &Gpu<D>) {
     let prefill_pos: Vec<u32> = (0..10).collect();
     let mut bad_pos = prefill_pos.clone();
     bad_pos[6] = 25;
+    // Slot 1 reads its bad third block from position 8 on; slot 2 its bad first from 0.
+    let mut bad_block_pos = prefill_pos.clone();
+    bad_block_pos[9] = 12;
     let att_cases: Vec<(Vec<u32>, Vec<u32>)> = vec![
         (vec![0, 1, 3], vec![0, 0, 0]),
-        (vec![2, 1], vec![3, 20]),
-        (vec![1; 10], bad_pos),
-        (vec![3; 10], prefill_pos),
+        (vec![0, 1], vec![3, 20]),
+        (vec![0; 10], bad_pos),
+        (vec![3; 10], prefill_pos.clone()),
+        (vec![0, 1, 0], vec![19, 8, 2]),
+        (vec![0, 2], vec![5, 0]),
+        (vec![1; 10], bad_block_pos),
+        (vec![2; 10], prefill_pos),
     ];
     for (slots_v, pos_v) in &att_cases {
         let n = slots_v.len();
@@ -454,6 +503,7 @@ fn data_errors<D: Device>(name: &str, g: &Gpu<D>) {
             .attention(
                 &upload(r, DType::F32, &[n, heads, hd], &qv),
                 &c_ref,
+                &table_r,
                 &upload_u32(r, &[n], slots_v),
                 &upload_u32(r, &[n], pos_v),
                 0.125,
@@ -464,6 +514,7 @@ fn data_errors<D: Device>(name: &str, g: &Gpu<D>) {
         g.attention(
             &upload(g, DType::F32, &[n, heads, hd], &qv),
             &cache,
+            &table_g,
             &upload_u32(g, &[n], slots_v),
             &upload_u32(g, &[n], pos_v),
             0.125,
@@ -486,6 +537,7 @@ fn unsupported_head_dims<D: Device>(name: &str, g: &Gpu<D>) {
             .attention(
                 &poisoned(g, DType::F32, &[1, 1, hd]),
                 &cache,
+                &upload_u32(g, &[1, 1], &[0]),
                 &upload_u32(g, &[1], &[0]),
                 &upload_u32(g, &[1], &[0]),
                 1.0,
@@ -567,6 +619,8 @@ mod emulated {
         c.rows = vec![(c.rows[0].0, 0); 8];
         c.rows[3].1 = 9;
         c.capacity = 12;
+        // Blocks of 5: the tile straddles two blocks, the second only partly written.
+        let c = c.paged(5);
         for (name, g) in common::gpu::emulated() {
             run_case(&name, &g, &c, true);
         }

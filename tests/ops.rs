@@ -511,14 +511,23 @@ struct AttnCase {
     ratio: usize,
     head_dim: usize,
     cache: DType,
-    slots: usize,
-    capacity: usize,
     /// Cache entries written before this step: (slot, position).
     history: Vec<(u32, u32)>,
     /// This step's query rows: (slot, position); their k, v are stored first.
     rows: Vec<(u32, u32)>,
+    /// The cache's blocks and block table (block sizes 1, 16, odd, or the whole capacity).
+    paging: Paging,
     scale: f32,
     seed: u64,
+}
+
+/// Positions each of `slots` slots uses: one past its largest position among `entries`.
+fn used_per_slot(slots: usize, entries: &[(u32, u32)]) -> Vec<usize> {
+    let mut used = vec![0; slots];
+    for &(s, p) in entries {
+        used[s as usize] = used[s as usize].max(p as usize + 1);
+    }
+    used
 }
 
 /// A prefill of `len` rows of one sequence (after `start` cached positions), or a decode step of
@@ -566,7 +575,10 @@ fn attn_case(
         2 => rng.open01() as f32,
         _ => 64.0,
     };
-    AttnCase { kv_heads, ratio, head_dim, cache, slots, capacity, history, rows, scale, seed }
+    let all: Vec<(u32, u32)> = history.iter().chain(&rows).copied().collect();
+    let block_size = Paging::pick_block_size(&mut rng, capacity);
+    let paging = Paging::random(&mut rng, block_size, capacity, &used_per_slot(slots, &all));
+    AttnCase { kv_heads, ratio, head_dim, cache, history, rows, paging, scale, seed }
 }
 
 /// Stores `entries` with random k, v in every backend's cache (`caches[0]` the reference's, then
@@ -591,15 +603,16 @@ fn store(
     let slots = upload_u32(r, &[n], &entries.iter().map(|e| e.0).collect::<Vec<_>>());
     let positions = upload_u32(r, &[n], &entries.iter().map(|e| e.1).collect::<Vec<_>>());
     let (c_ref, c_fast) = caches.split_first_mut().expect("the reference cache");
-    REF.kv_store(&k, &v, c_ref, &slots, &positions)
+    let table = c.paging.upload(r);
+    REF.kv_store(&k, &v, c_ref, &table, &slots, &positions)
         .unwrap_or_else(|e| panic!("reference kv_store {c:?}: {e}"));
     for ((name, f), cf) in fasts().zip(c_fast.iter_mut()) {
-        f.kv_store(&k, &v, cf, &slots, &positions)
+        f.kv_store(&k, &v, cf, &table, &slots, &positions)
             .unwrap_or_else(|e| panic!("fast {name} kv_store {c:?}: {e}"));
     }
     for (i, &(s, p)) in entries.iter().enumerate() {
         for e in 0..kvh * hd {
-            let at = ((s as usize * c.capacity + p as usize) * kvh * hd) + e;
+            let at = c.paging.row(s, p) * kvh * hd + e;
             k_all[at] = round_to(c.cache, kv[i * kvh * hd + e]) as f64;
             v_all[at] = round_to(c.cache, vv[i * kvh * hd + e]) as f64;
         }
@@ -629,11 +642,12 @@ fn run_attention(c: &AttnCase) {
     let r = &*REF;
     let (kvh, hd, heads) = (c.kv_heads, c.head_dim, c.kv_heads * c.ratio);
     let mut rng = Rng::new(c.seed);
-    let shape = [c.slots, c.capacity, kvh, hd];
+    let shape = c.paging.shape(kvh, hd);
     let mut caches: Vec<_> = (0..=FASTS.len())
         .map(|_| KvCacheLayer { k: poisoned(r, c.cache, &shape), v: poisoned(r, c.cache, &shape) })
         .collect();
-    let cells = c.slots * c.capacity * kvh * hd;
+    let cells = shape.iter().product();
+    let table = c.paging.upload(r);
     let (mut k_all, mut v_all) = (vec![f64::NAN; cells], vec![f64::NAN; cells]);
     store(c, &mut rng, &mut caches, &c.history, &mut k_all, &mut v_all);
     store(c, &mut rng, &mut caches, &c.rows, &mut k_all, &mut v_all);
@@ -643,7 +657,7 @@ fn run_attention(c: &AttnCase) {
     let slots = upload_u32(r, &[n], &c.rows.iter().map(|e| e.0).collect::<Vec<_>>());
     let positions = upload_u32(r, &[n], &c.rows.iter().map(|e| e.1).collect::<Vec<_>>());
     let mut o_ref = poisoned(r, DType::F32, &[n, heads, hd]);
-    REF.attention(&q, &caches[0], &slots, &positions, c.scale, &mut o_ref)
+    REF.attention(&q, &caches[0], &table, &slots, &positions, c.scale, &mut o_ref)
         .unwrap_or_else(|e| panic!("reference attention {c:?}: {e}"));
     let want = read_f32(r, &o_ref);
 
@@ -656,7 +670,7 @@ fn run_attention(c: &AttnCase) {
         for h in 0..heads {
             let g = h / c.ratio;
             let qh = &qv[(row * heads + h) * hd..][..hd];
-            let at = |p: usize| (slot as usize * c.capacity + p) * kvh * hd + g * hd;
+            let at = |p: usize| c.paging.row(slot, p as u32) * kvh * hd + g * hd;
             // Scores and their absolute sums A_t = scale sum |q k| (>= |s_t|).
             let mut s = vec![0f64; t_len];
             let mut a_max = 0f64;
@@ -703,7 +717,7 @@ fn run_attention(c: &AttnCase) {
     let bound: Vec<f64> = bound_fast.iter().zip(&bound_ref).map(|(f, r)| f + r).collect();
     for ((name, f), cf) in fasts().zip(&caches[1..]) {
         let mut o = poisoned(r, DType::F32, &[n, heads, hd]);
-        f.attention(&q, cf, &slots, &positions, c.scale, &mut o)
+        f.attention(&q, cf, &table, &slots, &positions, c.scale, &mut o)
             .unwrap_or_else(|e| panic!("fast {name} attention {c:?}: {e}"));
         assert_close(&format!("attention fast {name} vs reference {c:?}"), &read_f32(r, &o), &want, &bound);
     }
@@ -766,10 +780,11 @@ fn kv_store_later_row_wins() {
     let vv: Vec<f32> = kv.iter().map(|v| -v).collect();
     let (k, v) = (upload(r, DType::F32, &[n, kvh, hd], &kv), upload(r, DType::F32, &[n, kvh, hd], &vv));
     let (slots, positions) = (upload_u32(r, &[n], &slots_v), upload_u32(r, &[n], &pos_v));
+    let table = Paging::contiguous(3, 4).upload(r);
     for cache_dt in CACHE_TYPES {
         let shape = [3, 4, kvh, hd];
         let mut c_ref = KvCacheLayer { k: poisoned(r, cache_dt, &shape), v: poisoned(r, cache_dt, &shape) };
-        REF.kv_store(&k, &v, &mut c_ref, &slots, &positions)
+        REF.kv_store(&k, &v, &mut c_ref, &table, &slots, &positions)
             .unwrap_or_else(|e| panic!("reference kv_store: {e}"));
         // The definition: the last row naming each place.
         let got = read_f32(r, &c_ref.k);
@@ -789,7 +804,7 @@ fn kv_store_later_row_wins() {
         let (kr, vr) = (read_bytes(r, &c_ref.k), read_bytes(r, &c_ref.v));
         for (name, f) in fasts() {
             let mut c = KvCacheLayer { k: poisoned(r, cache_dt, &shape), v: poisoned(r, cache_dt, &shape) };
-            f.kv_store(&k, &v, &mut c, &slots, &positions)
+            f.kv_store(&k, &v, &mut c, &table, &slots, &positions)
                 .unwrap_or_else(|e| panic!("fast {name} kv_store: {e}"));
             assert_same_bytes(
                 &format!("kv_store {cache_dt} k, repeated rows, fast {name}"),

@@ -99,20 +99,22 @@ fn check<B: Backend<Storage = HostStorage>>(b: &B) {
     b.embedding(&table, &is, &mut es).unwrap();
     same(&format!("{who} embedding"), &ee, &es);
     let cache = || KvCacheLayer {
-        k: b.alloc(DType::F32, &[2, 8, 1, 8]).unwrap(),
-        v: b.alloc(DType::F32, &[2, 8, 1, 8]).unwrap(),
+        k: b.alloc(DType::F32, &[6, 3, 1, 8]).unwrap(),
+        v: b.alloc(DType::F32, &[6, 3, 1, 8]).unwrap(),
     };
     let (mut ce, mut cs) = (cache(), cache());
     let (se, ss) = u32_pair(b, ROWS, &[1, 0, 1]);
     let (ke, ks) = f32_pair(b, &mut rng, &[1, 8]);
     let (ve, vs) = f32_pair(b, &mut rng, &[1, 8]);
-    b.kv_store(&ke, &ve, &mut ce, &se, &pe).unwrap();
-    b.kv_store(&ks, &vs, &mut cs, &ss, &ps).unwrap();
+    // Paged: blocks of 3 positions, the slots' blocks interleaved and out of order.
+    let bt = upload_u32(b, &[2, 3], &[5, 0, 2, 1, 4, 3]);
+    b.kv_store(&ke, &ve, &mut ce, &bt, &se, &pe).unwrap();
+    b.kv_store(&ks, &vs, &mut cs, &bt, &ss, &ps).unwrap();
     assert_eq!(read_bytes(b, &ce.k), read_bytes(b, &cs.k), "{who} kv_store k");
     assert_eq!(read_bytes(b, &ce.v), read_bytes(b, &cs.v), "{who} kv_store v");
     let (mut oe, mut os) = f32_pair(b, &mut rng, &[3, 8]);
-    b.attention(&qe, &ce, &se, &pe, 0.35, &mut oe).unwrap();
-    b.attention(&qs, &cs, &ss, &ps, 0.35, &mut os).unwrap();
+    b.attention(&qe, &ce, &bt, &se, &pe, 0.35, &mut oe).unwrap();
+    b.attention(&qs, &cs, &bt, &ss, &ps, 0.35, &mut os).unwrap();
     same(&format!("{who} attention"), &oe, &os);
 
     // router_topk, argmax, sample, gather_rows, scatter_add_rows

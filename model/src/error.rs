@@ -123,6 +123,12 @@ pub enum ModelError {
     #[error("an empty batch: give at least one sequence")]
     EmptyBatch,
 
+    #[error("slot {slot} needs {needed} more KV cache blocks, only {free} are free")]
+    OutOfBlocks { slot: usize, needed: usize, free: usize },
+
+    #[error("slot {slot}: position {pos} lies beyond the {reserved} positions reserved (Session::reserve)")]
+    NotReserved { slot: usize, pos: usize, reserved: usize },
+
     #[error("session: {0}")]
     Session(String),
 }

@@ -1,5 +1,11 @@
-//! Running a model: a preallocated KV cache (one slot per sequence), one workspace of buffers, and
-//! the interpreter of the graph's op list.
+//! Running a model: a preallocated, paged KV cache, one workspace of buffers, and the interpreter
+//! of the graph's op list.
+//!
+//! The KV cache is a pool of fixed-size blocks ([`BlockPool`]): each sequence slot has a row of
+//! the block table naming the blocks that hold its positions (position p in block
+//! `table[slot][p / block_size]`), grown by [`Session::reserve`] (all or nothing: `OutOfBlocks`
+//! when the pool is short, nothing taken) and returned by [`Session::release`]. A step refuses a
+//! row beyond its slot's reservation, and uploads the table before the graph runs when it changed.
 //!
 //! Everything a step touches on the backend is allocated once, in [`Session::new`], at its
 //! largest shape: the rows of a step are at most `max(max_prefill_rows, max_batch)`, its
@@ -30,10 +36,13 @@ use crate::weights::Mlp;
 /// stay modest (512 x 128256 f32 is 263 MB for Llama 3).
 pub const DEFAULT_MAX_PREFILL_ROWS: usize = 512;
 
+/// Default of [`SessionOptions::block_size`].
+pub const DEFAULT_BLOCK_SIZE: usize = 16;
+
 /// What to allocate for a session.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SessionOptions {
-    /// Sequences that can run at once (KV cache slots).
+    /// Sequences that can run at once (KV cache slots, rows of the block table).
     pub max_batch: usize,
     /// Positions per sequence (prompt + generated tokens); capped at `max_position_embeddings`.
     pub capacity: usize,
@@ -44,16 +53,24 @@ pub struct SessionOptions {
     /// positions a prefill can have. The workspace holds `max(max_prefill_rows, max_batch)` rows,
     /// and the logits of every row of a step (`record_logits`) `max_prefill_rows x vocab`.
     pub max_prefill_rows: usize,
+    /// Positions per KV cache block (at least 1).
+    pub block_size: usize,
+    /// Blocks of the KV cache pool; 0 = `max_batch * ceil(capacity / block_size)`, enough for
+    /// every slot at full capacity (as much as a contiguous cache holds).
+    pub num_blocks: usize,
 }
 
 impl Default for SessionOptions {
-    /// One slot of 4096 positions, an f32 cache, [`DEFAULT_MAX_PREFILL_ROWS`].
+    /// One slot of 4096 positions, an f32 cache, [`DEFAULT_MAX_PREFILL_ROWS`], blocks of
+    /// [`DEFAULT_BLOCK_SIZE`] positions, as many as the slots can use.
     fn default() -> Self {
         SessionOptions {
             max_batch: 1,
             capacity: 4096,
             cache_dtype: DType::F32,
             max_prefill_rows: DEFAULT_MAX_PREFILL_ROWS,
+            block_size: DEFAULT_BLOCK_SIZE,
+            num_blocks: 0,
         }
     }
 }
@@ -269,6 +286,143 @@ impl<S: Storage> Workspace<S> {
     }
 }
 
+/// The KV cache's blocks: a free list, and for each slot the blocks that hold its positions, in
+/// order (the slot's row of the block table). Every block is either free or owned by exactly one
+/// slot: `reserve` takes blocks only from the free list, `release` gives back exactly the slot's
+/// own, so no block is lost or handed out twice.
+#[derive(Clone, Debug)]
+pub struct BlockPool {
+    block_size: usize,
+    /// Table entries per slot: `ceil(capacity / block_size)`.
+    max_blocks: usize,
+    /// Positions one slot may hold.
+    capacity: usize,
+    total: usize,
+    /// Free blocks, taken from the end.
+    free: Vec<u32>,
+    /// Blocks each slot owns.
+    owned: Vec<usize>,
+    /// `[slots, max_blocks]`, row-major: the owned blocks first, then [`BlockPool::UNASSIGNED`].
+    table: Vec<u32>,
+    /// Whether the table changed since [`BlockPool::take_dirty`].
+    dirty: bool,
+}
+
+impl BlockPool {
+    /// Table entry of a block a slot does not own (no block: the kernels refuse to read through it).
+    pub const UNASSIGNED: u32 = u32::MAX;
+
+    /// `slots` table rows, each able to address `capacity` positions, over `num_blocks` blocks of
+    /// `block_size` positions (all free).
+    pub fn new(slots: usize, capacity: usize, block_size: usize, num_blocks: usize) -> Result<Self> {
+        if slots == 0 || capacity == 0 || block_size == 0 || num_blocks == 0 {
+            return Err(ModelError::Session(format!(
+                "a block pool of {num_blocks} blocks of {block_size} positions for {slots} slots of \
+                 {capacity} positions: every count must be at least 1"
+            )));
+        }
+        if num_blocks >= BlockPool::UNASSIGNED as usize {
+            return Err(ModelError::Session(format!("{num_blocks} KV cache blocks: block ids are u32")));
+        }
+        let max_blocks = capacity.div_ceil(block_size);
+        let entries = slots
+            .checked_mul(max_blocks)
+            .ok_or_else(|| ModelError::Session(format!("a block table of {slots} x {max_blocks}")))?;
+        Ok(BlockPool {
+            block_size,
+            max_blocks,
+            capacity,
+            total: num_blocks,
+            // Popped from the end: block 0 first.
+            free: (0..num_blocks as u32).rev().collect(),
+            owned: vec![0; slots],
+            table: vec![BlockPool::UNASSIGNED; entries],
+            dirty: true,
+        })
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+    pub fn total_blocks(&self) -> usize {
+        self.total
+    }
+    pub fn free_blocks(&self) -> usize {
+        self.free.len()
+    }
+    /// Entries per row of the block table.
+    pub fn max_blocks(&self) -> usize {
+        self.max_blocks
+    }
+    pub fn slots(&self) -> usize {
+        self.owned.len()
+    }
+    /// Positions the slot's blocks cover (`owned x block_size`; may pass the capacity, which
+    /// still bounds the positions a step takes). 0 for a slot out of range.
+    pub fn reserved_len(&self, slot: usize) -> usize {
+        self.owned.get(slot).map_or(0, |&n| n * self.block_size)
+    }
+    /// The blocks the slot owns, in position order.
+    pub fn blocks(&self, slot: usize) -> &[u32] {
+        match self.owned.get(slot) {
+            Some(&n) => &self.table[slot * self.max_blocks..][..n],
+            None => &[],
+        }
+    }
+    /// The block table `[slots, max_blocks]`, row-major.
+    pub fn table(&self) -> &[u32] {
+        &self.table
+    }
+
+    /// Grows the slot's blocks to cover positions `0..len`, all or nothing.
+    pub fn reserve(&mut self, slot: usize, len: usize) -> Result<()> {
+        if slot >= self.owned.len() {
+            return Err(ModelError::BatchTooLarge { got: slot + 1, allocated: self.owned.len() });
+        }
+        if len > self.capacity {
+            return Err(ModelError::CacheTooShort {
+                seq: slot,
+                prompt: len,
+                new: 0,
+                needed: len,
+                capacity: self.capacity,
+            });
+        }
+        let have = self.owned[slot];
+        let needed = len.div_ceil(self.block_size).saturating_sub(have);
+        if needed > self.free.len() {
+            return Err(ModelError::OutOfBlocks { slot, needed, free: self.free.len() });
+        }
+        let row = &mut self.table[slot * self.max_blocks..][..self.max_blocks];
+        for entry in &mut row[have..have + needed] {
+            // Checked above: the free list holds at least `needed` blocks.
+            *entry = self.free.pop().unwrap_or(BlockPool::UNASSIGNED);
+        }
+        self.owned[slot] = have + needed;
+        self.dirty |= needed > 0;
+        Ok(())
+    }
+
+    /// Returns every block of the slot to the free list (nothing for a slot that owns none or is
+    /// out of range).
+    pub fn release(&mut self, slot: usize) {
+        let Some(&n) = self.owned.get(slot) else { return };
+        let row = &mut self.table[slot * self.max_blocks..][..n];
+        // Last block first, so a slot that reserves the same length again gets the same blocks.
+        for entry in row.iter_mut().rev() {
+            self.free.push(*entry);
+            *entry = BlockPool::UNASSIGNED;
+        }
+        self.owned[slot] = 0;
+        self.dirty |= n > 0;
+    }
+
+    /// Whether the table changed since the last call (and clears the mark).
+    pub fn take_dirty(&mut self) -> bool {
+        std::mem::replace(&mut self.dirty, false)
+    }
+}
+
 /// One row of a step: a token of a sequence at a position.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Row {
@@ -293,6 +447,10 @@ pub struct Session<'m, B: Backend> {
     model: &'m Model<B>,
     options: SessionOptions,
     caches: Vec<KvCacheLayer<B::Storage>>,
+    /// The blocks of the caches and each slot's table row.
+    pool: BlockPool,
+    /// The pool's block table on the backend, u32 `[max_batch, max_blocks]`.
+    block_table: Tensor<B::Storage>,
     /// `None` only while a step runs.
     workspace: Option<Workspace<B::Storage>>,
     /// Rows routed to each expert of each layer in the last step (Mixtral).
@@ -303,8 +461,10 @@ pub struct Session<'m, B: Backend> {
 
 impl<'m, B: Backend> Session<'m, B> {
     /// Allocates everything a step uses: the KV cache (`num_layers` x
-    /// `[max_batch, capacity, kv_heads, head_dim]` of `cache_dtype`) and the workspace at its
-    /// largest shape. No step allocates afterwards.
+    /// `[num_blocks, block_size, kv_heads, head_dim]` of `cache_dtype`), the block table
+    /// `[max_batch, ceil(capacity / block_size)]` and the workspace at its largest shape. No step
+    /// allocates afterwards. Every block starts free: reserve a slot's positions before a step
+    /// uses them ([`Session::generate`] does).
     pub fn new(model: &'m Model<B>, mut options: SessionOptions) -> Result<Self> {
         let c = &model.config;
         options.capacity = options.capacity.min(c.max_position_embeddings);
@@ -315,7 +475,17 @@ impl<'m, B: Backend> Session<'m, B> {
         }
         options.max_prefill_rows =
             options.max_prefill_rows.min(options.max_batch.saturating_mul(options.capacity));
-        let shape = [options.max_batch, options.capacity, c.num_kv_heads, c.head_dim];
+        if options.block_size == 0 {
+            return Err(ModelError::Session("a KV cache block needs at least one position".into()));
+        }
+        if options.num_blocks == 0 {
+            options.num_blocks =
+                options.max_batch.saturating_mul(options.capacity.div_ceil(options.block_size));
+        }
+        let pool =
+            BlockPool::new(options.max_batch, options.capacity, options.block_size, options.num_blocks)?;
+        let block_table = model.backend.alloc(DType::U32, &[options.max_batch, pool.max_blocks()])?;
+        let shape = [options.num_blocks, options.block_size, c.num_kv_heads, c.head_dim];
         let mut caches = Vec::with_capacity(c.num_layers);
         for _ in 0..c.num_layers {
             caches.push(KvCacheLayer {
@@ -329,6 +499,8 @@ impl<'m, B: Backend> Session<'m, B> {
             model,
             options,
             caches,
+            pool,
+            block_table,
             workspace: Some(workspace),
             last_expert_rows: Vec::new(),
             last_shape: None,
@@ -342,9 +514,46 @@ impl<'m, B: Backend> Session<'m, B> {
         Some(self.model.step_cost(shape, *all, self.options.cache_dtype))
     }
 
-    /// The options as allocated (`capacity` and `max_prefill_rows` capped).
+    /// The options as allocated (`capacity` and `max_prefill_rows` capped, `num_blocks` resolved).
     pub fn options(&self) -> SessionOptions {
         self.options
+    }
+
+    /// Grows `slot`'s blocks to cover positions `0..len`, all or nothing: `OutOfBlocks` (nothing
+    /// taken) when the pool has too few free blocks, `CacheTooShort` when `len > capacity`,
+    /// `BatchTooLarge` for a slot beyond `max_batch`. A shorter `len` than reserved is a no-op.
+    pub fn reserve(&mut self, slot: usize, len: usize) -> Result<()> {
+        self.pool.reserve(slot, len)
+    }
+
+    /// Returns every block of `slot` to the pool (idempotent; nothing for a slot out of range).
+    pub fn release(&mut self, slot: usize) {
+        self.pool.release(slot)
+    }
+
+    /// Blocks not reserved by any slot.
+    pub fn free_blocks(&self) -> usize {
+        self.pool.free_blocks()
+    }
+
+    /// Blocks of the pool.
+    pub fn total_blocks(&self) -> usize {
+        self.pool.total_blocks()
+    }
+
+    /// Positions per block.
+    pub fn block_size(&self) -> usize {
+        self.pool.block_size()
+    }
+
+    /// Positions `slot`'s blocks cover (a multiple of the block size; 0 for none).
+    pub fn reserved_len(&self, slot: usize) -> usize {
+        self.pool.reserved_len(slot)
+    }
+
+    /// The block pool (its table and free list), for inspection.
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
     }
 
     /// The most rows one [`Session::step`] takes: `max(max_prefill_rows, max_batch)`.
@@ -420,6 +629,14 @@ impl<'m, B: Backend> Session<'m, B> {
                     capacity: self.options.capacity,
                 });
             }
+            let reserved = self.pool.reserved_len(row.slot as usize);
+            if row.pos as usize >= reserved {
+                return Err(ModelError::NotReserved {
+                    slot: row.slot as usize,
+                    pos: row.pos as usize,
+                    reserved,
+                });
+            }
         }
         if sampling.1.len() != last.len() || sampling.2.len() != last.len() {
             return Err(ModelError::Session(format!(
@@ -466,6 +683,12 @@ impl<'m, B: Backend> Session<'m, B> {
         write_u32(ws, Buf::Ids, rows.iter().map(|r| r.token).collect())?;
         write_u32(ws, Buf::Positions, rows.iter().map(|r| r.pos).collect())?;
         write_u32(ws, Buf::Slots, rows.iter().map(|r| r.slot).collect())?;
+        if self.pool.take_dirty()
+            && let Err(e) = b.write(&mut self.block_table, bytemuck::cast_slice(self.pool.table()))
+        {
+            self.pool.dirty = true;
+            return Err(e.into());
+        }
         let picks = !last.is_empty();
         if picks {
             write_u32(ws, Buf::LastIdx, last.to_vec())?;
@@ -542,7 +765,14 @@ impl<'m, B: Backend> Session<'m, B> {
                     .caches
                     .get_mut(*layer)
                     .ok_or_else(|| ModelError::Session(format!("no cache for layer {layer}")))?;
-                let r = b.kv_store(&k3, &v3, cache, ws.get(Buf::Slots)?, ws.get(Buf::Positions)?);
+                let r = b.kv_store(
+                    &k3,
+                    &v3,
+                    cache,
+                    &self.block_table,
+                    ws.get(Buf::Slots)?,
+                    ws.get(Buf::Positions)?,
+                );
                 ws.put(Buf::K, k3.reshape(&shape)?);
                 ws.put(Buf::V, v3.reshape(&shape)?);
                 r?;
@@ -557,7 +787,9 @@ impl<'m, B: Backend> Session<'m, B> {
                     .get(*layer)
                     .ok_or_else(|| ModelError::Session(format!("no cache for layer {layer}")))?;
                 let scale = 1.0 / (c.head_dim as f32).sqrt();
-                let r = b.attention(&q3, cache, ws.get(Buf::Slots)?, ws.get(Buf::Positions)?, scale, &mut o3);
+                let (table, slots, positions) =
+                    (&self.block_table, ws.get(Buf::Slots)?, ws.get(Buf::Positions)?);
+                let r = b.attention(&q3, cache, table, slots, positions, scale, &mut o3);
                 ws.put(Buf::Q, q3.reshape(&shape)?);
                 ws.put(Buf::Attn, o3.reshape(&shape)?);
                 r?;
@@ -681,10 +913,27 @@ impl<'m, B: Backend> Session<'m, B> {
 
     /// Generates up to `max_new_tokens` tokens for each prompt (one sequence per prompt, slot =
     /// its index): a prefill of every prompt position, in steps of at most `max_prefill_rows`
-    /// rows, then one decode step per token.
+    /// rows, then one decode step per token. Slot s is reserved for `prompts[s].len() +
+    /// max_new_tokens` positions first (`OutOfBlocks` when the pool cannot hold them all; nothing
+    /// stays reserved then) and released at the end, whatever the outcome.
     pub fn generate(&mut self, prompts: &[Vec<u32>], opts: &GenerateOptions) -> Result<Generation> {
         self.check_request(prompts, opts.max_new_tokens)?;
         opts.sampling.check()?;
+        let mut result = Ok(());
+        for (s, p) in prompts.iter().enumerate() {
+            result = self.pool.reserve(s, p.len() + opts.max_new_tokens);
+            if result.is_err() {
+                break;
+            }
+        }
+        let out = result.and_then(|()| self.generate_reserved(prompts, opts));
+        for s in 0..prompts.len() {
+            self.pool.release(s);
+        }
+        out
+    }
+
+    fn generate_reserved(&mut self, prompts: &[Vec<u32>], opts: &GenerateOptions) -> Result<Generation> {
         let vocab = self.model.config.vocab_size;
         let eos = self.model.config.eos_token_ids.clone();
         let n = prompts.len();
@@ -833,5 +1082,101 @@ pub fn step_shape(rows: &[Row], seqs: usize, expert_rows: &[Vec<usize>]) -> Step
         seqs,
         attended: rows.iter().map(|r| r.pos as u64 + 1).sum(),
         expert_rows: expert_rows.to_vec(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every block is free or owned by exactly one slot, once; the table names exactly the owned
+    /// blocks, then UNASSIGNED.
+    fn check_invariants(p: &BlockPool) {
+        let mut seen = vec![0u32; p.total_blocks()];
+        for &b in &p.free {
+            seen[b as usize] += 1;
+        }
+        for s in 0..p.slots() {
+            let row = &p.table()[s * p.max_blocks()..][..p.max_blocks()];
+            let n = p.blocks(s).len();
+            assert_eq!(n * p.block_size(), p.reserved_len(s));
+            for &b in &row[..n] {
+                seen[b as usize] += 1;
+            }
+            assert!(row[n..].iter().all(|&e| e == BlockPool::UNASSIGNED), "slot {s}: {row:?}");
+        }
+        assert!(seen.iter().all(|&c| c == 1), "block counts {seen:?}");
+    }
+
+    #[test]
+    fn reserve_takes_blocks_all_or_nothing() {
+        // 3 slots of 10 positions in blocks of 4 (3 entries each), 7 blocks.
+        let mut p = BlockPool::new(3, 10, 4, 7).unwrap();
+        assert_eq!((p.max_blocks(), p.free_blocks(), p.total_blocks()), (3, 7, 7));
+        p.reserve(0, 5).unwrap(); // 2 blocks
+        assert_eq!((p.reserved_len(0), p.free_blocks()), (8, 5));
+        assert_eq!(p.blocks(0), [0, 1]);
+        p.reserve(0, 8).unwrap(); // covered already
+        assert_eq!(p.free_blocks(), 5);
+        p.reserve(1, 10).unwrap(); // 3 blocks
+        assert_eq!(p.free_blocks(), 2);
+        check_invariants(&p);
+        // 3 needed, 2 free: refused, nothing taken.
+        let e = p.reserve(2, 9).unwrap_err();
+        assert!(matches!(e, ModelError::OutOfBlocks { slot: 2, needed: 3, free: 2 }), "{e}");
+        assert_eq!((p.free_blocks(), p.reserved_len(2)), (2, 0));
+        // Growing by one block of the two still free works.
+        p.reserve(0, 9).unwrap();
+        assert_eq!((p.reserved_len(0), p.free_blocks()), (12, 1));
+        let e = p.reserve(2, 11).unwrap_err();
+        assert!(matches!(e, ModelError::CacheTooShort { needed: 11, capacity: 10, .. }), "{e}");
+        let e = p.reserve(3, 1).unwrap_err();
+        assert!(matches!(e, ModelError::BatchTooLarge { got: 4, allocated: 3 }), "{e}");
+        check_invariants(&p);
+    }
+
+    #[test]
+    fn release_returns_every_block_once_and_blocks_are_reused() {
+        let mut p = BlockPool::new(2, 8, 2, 6).unwrap();
+        p.reserve(0, 3).unwrap();
+        p.reserve(1, 8).unwrap();
+        assert_eq!(p.free_blocks(), 0);
+        assert!(p.take_dirty());
+        assert!(!p.take_dirty(), "the mark clears");
+        let slot1: Vec<u32> = p.blocks(1).to_vec();
+        p.release(1);
+        assert!(p.take_dirty());
+        assert_eq!((p.free_blocks(), p.reserved_len(1)), (4, 0));
+        check_invariants(&p);
+        // Idempotent: no double free, and no change to mark.
+        p.release(1);
+        p.release(7);
+        assert!(!p.take_dirty());
+        assert_eq!(p.free_blocks(), 4);
+        check_invariants(&p);
+        // Slot 0 grows into the blocks slot 1 gave back (the first one it gave).
+        p.reserve(0, 5).unwrap();
+        assert_eq!(p.blocks(0)[2], slot1[0]);
+        p.reserve(1, 4).unwrap();
+        check_invariants(&p);
+        // Churn: many reserve/release rounds leave every block accounted for.
+        for i in 0..200usize {
+            let s = i % 2;
+            p.release(s);
+            let _ = p.reserve(s, 1 + (i * 7) % 8);
+            check_invariants(&p);
+        }
+        p.release(0);
+        p.release(1);
+        assert_eq!(p.free_blocks(), 6);
+        check_invariants(&p);
+    }
+
+    #[test]
+    fn pool_limits_are_typed_errors() {
+        assert!(BlockPool::new(0, 8, 2, 4).is_err());
+        assert!(BlockPool::new(1, 8, 0, 4).is_err());
+        assert!(BlockPool::new(1, 8, 2, 0).is_err());
+        assert!(BlockPool::new(1, 8, 2, u32::MAX as usize).is_err());
     }
 }

@@ -81,22 +81,24 @@ impl<B: Backend> Backend for Counting<B> {
         k: &T<B>,
         v: &T<B>,
         cache: &mut KvCacheLayer<B::Storage>,
+        table: &T<B>,
         slots: &T<B>,
         positions: &T<B>,
     ) -> RtResult<()> {
-        self.inner.exec_kv_store(d, k, v, cache, slots, positions)
+        self.inner.exec_kv_store(d, k, v, cache, table, slots, positions)
     }
     fn exec_attention(
         &self,
         d: AttnDims,
         q: &T<B>,
         cache: &KvCacheLayer<B::Storage>,
+        table: &T<B>,
         slots: &T<B>,
         positions: &T<B>,
         scale: f32,
         out: &mut T<B>,
     ) -> RtResult<()> {
-        self.inner.exec_attention(d, q, cache, slots, positions, scale, out)
+        self.inner.exec_attention(d, q, cache, table, slots, positions, scale, out)
     }
     fn exec_router_topk(
         &self,
@@ -157,7 +159,13 @@ fn prompts() -> Vec<Vec<u32>> {
 }
 
 fn opts(batch: usize, capacity: usize, prefill: usize, cache: DType) -> SessionOptions {
-    SessionOptions { max_batch: batch, capacity, cache_dtype: cache, max_prefill_rows: prefill }
+    SessionOptions {
+        max_batch: batch,
+        capacity,
+        cache_dtype: cache,
+        max_prefill_rows: prefill,
+        ..Default::default()
+    }
 }
 
 fn recorded(n: usize) -> GenerateOptions {
@@ -188,11 +196,12 @@ fn generation_allocates_nothing_after_new() {
         for prefill in [1, 4, DEFAULT_MAX_PREFILL_ROWS] {
             let before = m.backend.allocs();
             let mut s = Session::new(&m, opts(3, 32, prefill, DType::BF16)).expect("session");
-            // k and v per layer; the workspace's 17 buffers of every model, plus the dense MLP's
-            // 3 or Mixtral's 3 router buffers and 7 of the expert bucket. Each exactly once.
+            // k and v per layer, the block table; the workspace's 17 buffers of every model, plus
+            // the dense MLP's 3 or Mixtral's 3 router buffers and 7 of the expert bucket. Each
+            // exactly once.
             let layers = m.config.num_layers;
             let workspace = if m.config.moe.is_some() { 17 + 3 + 7 } else { 17 + 3 };
-            assert_eq!(m.backend.allocs() - before, 2 * layers + workspace, "{who}: allocations of new");
+            assert_eq!(m.backend.allocs() - before, 2 * layers + 1 + workspace, "{who}: allocations of new");
             let after_new = m.backend.allocs();
             let g = s.generate(&prompts(), &recorded(6)).expect("generate");
             assert_eq!(g.tokens.iter().map(Vec::len).collect::<Vec<_>>(), [6, 6, 6]);
@@ -200,6 +209,9 @@ fn generation_allocates_nothing_after_new() {
             s.generate(&[vec![3, 1, 4, 1, 5, 9, 2, 6]], &recorded(3)).expect("single");
             let rows: Vec<Row> = (0..3).map(|slot| Row { token: 7, slot, pos: 0 }).collect();
             let greedy = SamplingParams::GREEDY;
+            for slot in 0..3 {
+                s.reserve(slot, 1).expect("reserve");
+            }
             s.step(&rows, &[0, 1, 2], false, true, (&greedy, &[0; 3], &[0; 3])).expect("step");
             s.step(&rows[..1], &[], false, false, (&greedy, &[], &[])).expect("step picking nothing");
             assert_eq!(
@@ -310,6 +322,9 @@ fn options_and_step_limits() {
     assert_eq!(s.max_step_rows(), 4);
     let greedy = SamplingParams::GREEDY;
     let rows: Vec<Row> = (0..5).map(|i| Row { token: 3, slot: i % 4, pos: i / 4 }).collect();
+    for slot in 0..4 {
+        s.reserve(slot, 2).unwrap();
+    }
     let e = s.step(&rows, &[0], false, false, (&greedy, &[0], &[0])).unwrap_err();
     assert!(matches!(e, ModelError::Session(ref msg) if msg.contains("at most 4")), "{e}");
     let e = s.step(&rows[..3], &[0], true, false, (&greedy, &[0], &[0])).unwrap_err();

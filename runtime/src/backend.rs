@@ -79,12 +79,14 @@ pub trait Backend: Send + Sync {
         ids: &Tensor<Self::Storage>,
         out: &mut Tensor<Self::Storage>,
     ) -> Result<()>;
+    #[allow(clippy::too_many_arguments)]
     fn exec_kv_store(
         &self,
         d: AttnDims,
         k: &Tensor<Self::Storage>,
         v: &Tensor<Self::Storage>,
         cache: &mut KvCacheLayer<Self::Storage>,
+        table: &Tensor<Self::Storage>,
         slots: &Tensor<Self::Storage>,
         positions: &Tensor<Self::Storage>,
     ) -> Result<()>;
@@ -94,6 +96,7 @@ pub trait Backend: Send + Sync {
         d: AttnDims,
         q: &Tensor<Self::Storage>,
         cache: &KvCacheLayer<Self::Storage>,
+        table: &Tensor<Self::Storage>,
         slots: &Tensor<Self::Storage>,
         positions: &Tensor<Self::Storage>,
         scale: f32,
@@ -260,32 +263,36 @@ pub trait Backend: Send + Sync {
         self.exec_embedding(d, table, ids, out)
     }
 
-    /// Writes this step's keys and values into the cache at `(slots[r], positions[r])`.
+    /// Writes this step's keys and values into the cache at position `positions[r]` of slot
+    /// `slots[r]`, through the block table (`ops::KvCacheLayer`).
     fn kv_store(
         &self,
         k: &Tensor<Self::Storage>,
         v: &Tensor<Self::Storage>,
         cache: &mut KvCacheLayer<Self::Storage>,
+        table: &Tensor<Self::Storage>,
         slots: &Tensor<Self::Storage>,
         positions: &Tensor<Self::Storage>,
     ) -> Result<()> {
-        let d = ops::check_kv_store(k, v, cache, slots, positions)?;
-        self.exec_kv_store(d, k, v, cache, slots, positions)
+        let d = ops::check_kv_store(k, v, cache, table, slots, positions)?;
+        self.exec_kv_store(d, k, v, cache, table, slots, positions)
     }
 
     /// Causal grouped-query attention of each query row over its sequence's cached positions
     /// `0..=positions[r]`.
+    #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
         q: &Tensor<Self::Storage>,
         cache: &KvCacheLayer<Self::Storage>,
+        table: &Tensor<Self::Storage>,
         slots: &Tensor<Self::Storage>,
         positions: &Tensor<Self::Storage>,
         scale: f32,
         out: &mut Tensor<Self::Storage>,
     ) -> Result<()> {
-        let d = ops::check_attention(q, cache, slots, positions, scale, out)?;
-        self.exec_attention(d, q, cache, slots, positions, scale, out)
+        let d = ops::check_attention(q, cache, table, slots, positions, scale, out)?;
+        self.exec_attention(d, q, cache, table, slots, positions, scale, out)
     }
 
     /// Softmax over experts, top-k, renormalised.

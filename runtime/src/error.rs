@@ -25,6 +25,11 @@ pub enum Error {
     #[error("{op}: sequence slot {slot} at row {row} is beyond the {slots} slots allocated")]
     SlotOutOfRange { op: &'static str, row: usize, slot: u32, slots: usize },
 
+    #[error(
+        "{op}: row {row} reads block {block} through the block table, beyond the {blocks} blocks of the cache"
+    )]
+    BlockOutOfRange { op: &'static str, row: usize, block: u32, blocks: usize },
+
     #[error("{op}: index {index} at row {row} is out of range for {len} rows")]
     IndexOutOfRange { op: &'static str, row: usize, index: u32, len: usize },
 

@@ -40,8 +40,12 @@ impl<S> Linear<S> {
     }
 }
 
-/// One layer's KV cache: `k` and `v` are `[slots, capacity, kv_heads, head_dim]`, one slot per
-/// sequence, f32, bf16 or f16.
+/// One layer's KV cache, paged: `k` and `v` are `[num_blocks, block_size, kv_heads, head_dim]`,
+/// f32, bf16 or f16. A block table (u32 `[slots, max_blocks]`, shared by every layer, passed to
+/// `kv_store` and `attention`) maps a sequence slot's positions to blocks: position `p` of slot `s`
+/// lives in block `table[s][p / block_size]` at offset `p % block_size`. A block is contiguous
+/// (`block_size x kv_heads x head_dim` elements). The contiguous cache of one block per slot is the
+/// case `block_size = capacity`, `table[s] = [s]`.
 #[derive(Debug)]
 pub struct KvCacheLayer<S> {
     pub k: Tensor<S>,
@@ -197,10 +201,16 @@ pub struct AttnDims {
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
-    /// Sequence slots of the cache.
+    /// Sequence slots (rows of the block table).
     pub slots: usize,
-    /// Positions per slot.
+    /// Positions one slot can address: `max_blocks * block_size`.
     pub capacity: usize,
+    /// Positions per cache block.
+    pub block_size: usize,
+    /// Blocks of the cache.
+    pub num_blocks: usize,
+    /// Entries per row of the block table.
+    pub max_blocks: usize,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -386,15 +396,48 @@ pub fn check_embedding<S: Storage>(
     Ok(GatherDims { rows: vocab, picked, cols })
 }
 
-fn check_cache<S: Storage>(op: &'static str, cache: &KvCacheLayer<S>) -> Result<[usize; 4]> {
+/// The cache `[num_blocks, block_size, kv_heads, head_dim]` and block table `[slots, max_blocks]`
+/// (u32): `[num_blocks, block_size, kv_heads, head_dim, slots, max_blocks]`.
+fn check_cache<S: Storage>(
+    op: &'static str,
+    cache: &KvCacheLayer<S>,
+    table: &Tensor<S>,
+) -> Result<[usize; 6]> {
     expect_dtype(op, "k_cache", cache.k.dtype(), CACHE_TYPES)?;
     expect_dtype(op, "v_cache", cache.v.dtype(), CACHE_TYPES)?;
-    let dims = expect_shape(op, "k_cache", cache.k.shape(), [None, None, None, None])?;
+    let [blocks, block_size, kv_heads, head_dim] =
+        expect_shape(op, "k_cache", cache.k.shape(), [None, None, None, None])?;
     nonempty(op, "k_cache", cache.k.shape())?;
     if cache.v.shape() != cache.k.shape() {
         return Err(shape_err(op, "v_cache", cache.v.shape(), format!("{:?} (as k_cache)", cache.k.shape())));
     }
-    Ok(dims)
+    expect_dtype(op, "block_table", table.dtype(), U32_ONLY)?;
+    let [slots, max_blocks] = expect_shape(op, "block_table", table.shape(), [None, None])?;
+    nonempty(op, "block_table", table.shape())?;
+    // Block ids are u32 and positions u32 (the kernels' arithmetic).
+    if blocks > u32::MAX as usize || max_blocks.checked_mul(block_size).is_none_or(|c| c > u32::MAX as usize)
+    {
+        return Err(arg(
+            op,
+            format!("{blocks} blocks of {block_size} positions, {max_blocks} per slot: beyond u32"),
+        ));
+    }
+    Ok([blocks, block_size, kv_heads, head_dim, slots, max_blocks])
+}
+
+fn attn_dims(rows: usize, heads: usize, c: [usize; 6]) -> AttnDims {
+    let [num_blocks, block_size, kv_heads, head_dim, slots, max_blocks] = c;
+    AttnDims {
+        rows,
+        heads,
+        kv_heads,
+        head_dim,
+        slots,
+        capacity: max_blocks * block_size,
+        block_size,
+        num_blocks,
+        max_blocks,
+    }
 }
 
 fn check_row_index<S: Storage>(
@@ -408,16 +451,19 @@ fn check_row_index<S: Storage>(
     Ok(())
 }
 
-/// Stores `k, v [rows, kv_heads, head_dim]` (f32) at `cache[slots[r], positions[r]]`.
+/// Stores `k, v [rows, kv_heads, head_dim]` (f32) at position `positions[r]` of slot `slots[r]`:
+/// `cache[table[s][p / block_size], p % block_size]`.
 pub fn check_kv_store<S: Storage>(
     k: &Tensor<S>,
     v: &Tensor<S>,
     cache: &KvCacheLayer<S>,
+    table: &Tensor<S>,
     slots: &Tensor<S>,
     positions: &Tensor<S>,
 ) -> Result<AttnDims> {
     let op = "kv_store";
-    let [n_slots, capacity, kv_heads, head_dim] = check_cache(op, cache)?;
+    let c = check_cache(op, cache, table)?;
+    let [_, _, kv_heads, head_dim, _, _] = c;
     expect_dtype(op, "k", k.dtype(), F32_ONLY)?;
     expect_dtype(op, "v", v.dtype(), F32_ONLY)?;
     let [rows, _, _] = expect_shape(op, "k", k.shape(), [None, Some(kv_heads), Some(head_dim)])?;
@@ -425,23 +471,26 @@ pub fn check_kv_store<S: Storage>(
     expect_shape(op, "v", v.shape(), [Some(rows), Some(kv_heads), Some(head_dim)])?;
     check_row_index(op, "slots", slots, rows)?;
     check_row_index(op, "positions", positions, rows)?;
-    Ok(AttnDims { rows, heads: kv_heads, kv_heads, head_dim, slots: n_slots, capacity })
+    Ok(attn_dims(rows, kv_heads, c))
 }
 
-/// Causal attention of `q [rows, heads, head_dim]` over `cache[slots[r], 0..=positions[r]]` with
+/// Causal attention of `q [rows, heads, head_dim]` over positions `0..=positions[r]` of slot
+/// `slots[r]` (read through the block table, as [`check_kv_store`] writes them) with
 /// grouped-query heads (query head h reads kv head `h / (heads / kv_heads)`), softmax scale
 /// `scale`, into `out [rows, heads, head_dim]` (f32). Prefill (rows = the prompt's positions) and
 /// batched decode (one row per sequence) are the same op.
 pub fn check_attention<S: Storage>(
     q: &Tensor<S>,
     cache: &KvCacheLayer<S>,
+    table: &Tensor<S>,
     slots: &Tensor<S>,
     positions: &Tensor<S>,
     scale: f32,
     out: &Tensor<S>,
 ) -> Result<AttnDims> {
     let op = "attention";
-    let [n_slots, capacity, kv_heads, head_dim] = check_cache(op, cache)?;
+    let c = check_cache(op, cache, table)?;
+    let [_, _, kv_heads, head_dim, _, _] = c;
     expect_dtype(op, "q", q.dtype(), F32_ONLY)?;
     expect_dtype(op, "out", out.dtype(), F32_ONLY)?;
     let [rows, heads, _] = expect_shape(op, "q", q.shape(), [None, None, Some(head_dim)])?;
@@ -455,7 +504,7 @@ pub fn check_attention<S: Storage>(
     if !(scale.is_finite() && scale > 0.0) {
         return Err(arg(op, format!("softmax scale {scale} must be finite and > 0")));
     }
-    Ok(AttnDims { rows, heads, kv_heads, head_dim, slots: n_slots, capacity })
+    Ok(attn_dims(rows, heads, c))
 }
 
 /// Router: softmax over `logits [rows, experts]` (f32), the `k` largest (ties to the lower

@@ -469,6 +469,11 @@ fn cache(dtype: DType, shape: [usize; 4], k: &[f32], v: &[f32]) -> KvCacheLayer<
     KvCacheLayer { k: typed(dtype, &shape, k), v: typed(dtype, &shape, v) }
 }
 
+/// The block table of the contiguous layout: slot s is block s (`[slots, 1]`).
+fn contiguous(slots: usize) -> HostTensor {
+    u32_tensor(&[slots, 1], &(0..slots as u32).collect::<Vec<_>>())
+}
+
 /// Query head h reads kv head h / (heads / kv_heads): heads 0, 1 -> kv 0; heads 2, 3 -> kv 1
 /// (the wrong `h % kv_heads` would give 0, 1, 0, 1). V holds its own index, 1000 slot + 100 t +
 /// 10 kv_head + e; K is 0, so every visible position weighs the same and the output is the mean
@@ -492,7 +497,16 @@ fn grouped_query_heads_read_their_kv_head() {
     let (row_slot, row_pos) = ([1u32, 0, 1], [0u32, 0, 2]);
     let q = f32_tensor(&[3, heads, hd], &Rng(7).vec(3 * heads * hd));
     let mut out = poisoned(&[3, heads, hd]);
-    B.attention(&q, &c, &u32_tensor(&[3], &row_slot), &u32_tensor(&[3], &row_pos), 0.5, &mut out).unwrap();
+    B.attention(
+        &q,
+        &c,
+        &contiguous(slots),
+        &u32_tensor(&[3], &row_slot),
+        &u32_tensor(&[3], &row_pos),
+        0.5,
+        &mut out,
+    )
+    .unwrap();
     let mut want = Vec::new();
     for r in 0..3 {
         for h in 0..heads {
@@ -519,7 +533,16 @@ fn attention_softmax_scale() {
     for ((scale, p1), q_values) in cases.into_iter().flat_map(|c| [(c, [2.0, 0.0]), (c, [2.0, 2000.0])]) {
         let q = f32_tensor(&[1, 1, 2], &q_values);
         let mut out = poisoned(&[1, 1, 2]);
-        B.attention(&q, &c, &u32_tensor(&[1], &[0]), &u32_tensor(&[1], &[1]), scale, &mut out).unwrap();
+        B.attention(
+            &q,
+            &c,
+            &contiguous(1),
+            &u32_tensor(&[1], &[0]),
+            &u32_tensor(&[1], &[1]),
+            scale,
+            &mut out,
+        )
+        .unwrap();
         let p0 = 1.0 - p1;
         // v_0 = [1, -1], v_1 = [-2, 4].
         let want = [p0 - 2.0 * p1, -p0 + 4.0 * p1];
@@ -539,17 +562,18 @@ fn attention_ignores_positions_after_pos() {
     let (slot, pos) = (u32_tensor(&[1], &[0]), u32_tensor(&[1], &[2]));
     let attend = |c: &KvCacheLayer<HostStorage>| {
         let mut out = poisoned(&[1, heads, hd]);
-        B.attention(&q, c, &slot, &pos, 0.5, &mut out).unwrap();
+        B.attention(&q, c, &contiguous(1), &slot, &pos, 0.5, &mut out).unwrap();
         read(&out)
     };
     let before = attend(&c);
 
     let big = f32_tensor(&[3, 1, hd], &[50.0; 12]);
-    B.kv_store(&big, &big, &mut c, &u32_tensor(&[3], &[0; 3]), &u32_tensor(&[3], &[3, 4, 5])).unwrap();
+    B.kv_store(&big, &big, &mut c, &contiguous(1), &u32_tensor(&[3], &[0; 3]), &u32_tensor(&[3], &[3, 4, 5]))
+        .unwrap();
     assert_eq!(attend(&c), before, "positions 3..6 leaked into the output");
 
     let one = f32_tensor(&[1, 1, hd], &[50.0; 4]);
-    B.kv_store(&one, &one, &mut c, &u32_tensor(&[1], &[0]), &u32_tensor(&[1], &[2])).unwrap();
+    B.kv_store(&one, &one, &mut c, &contiguous(1), &u32_tensor(&[1], &[0]), &u32_tensor(&[1], &[2])).unwrap();
     assert_ne!(attend(&c), before, "position pos itself must be attended");
 }
 
@@ -565,7 +589,8 @@ fn kv_store_layout_and_conversion() {
     };
     let k = f32_tensor(&[2, 1, 2], &[1.0 + 2f32.powi(-8), 1.0 + 3.0 * 2f32.powi(-8), 5.0, 6.0]);
     let v = f32_tensor(&[2, 1, 2], &[1.0 + 2f32.powi(-8), 2.0, 7.0, 8.0]);
-    B.kv_store(&k, &v, &mut c, &u32_tensor(&[2], &[1, 0]), &u32_tensor(&[2], &[2, 1])).unwrap();
+    B.kv_store(&k, &v, &mut c, &contiguous(slots), &u32_tensor(&[2], &[1, 0]), &u32_tensor(&[2], &[2, 1]))
+        .unwrap();
     // Row 0 -> slot 1, position 2: element offset (1 * 3 + 2) * 2 = 10. Row 1 -> offset 2.
     let mut want_k = vec![0.0; n];
     let mut want_v = vec![0.0; n];
@@ -589,7 +614,7 @@ fn kv_store_and_attention_reject_bad_slots_and_positions_before_writing() {
     ];
     for (slots, positions, err) in cases {
         let (s, p) = (u32_tensor(&[2], &slots), u32_tensor(&[2], &positions));
-        assert_eq!(B.kv_store(&kv, &kv, &mut c, &s, &p).unwrap_err(), err);
+        assert_eq!(B.kv_store(&kv, &kv, &mut c, &contiguous(2), &s, &p).unwrap_err(), err);
         assert_untouched(&c.k, "k cache");
         assert_untouched(&c.v, "v cache");
 
@@ -603,7 +628,7 @@ fn kv_store_and_attention_reject_bad_slots_and_positions_before_writing() {
             }
             other => other,
         };
-        assert_eq!(B.attention(&q, &c, &s, &p, 1.0, &mut out).unwrap_err(), attn_err);
+        assert_eq!(B.attention(&q, &c, &contiguous(2), &s, &p, 1.0, &mut out).unwrap_err(), attn_err);
         assert_untouched(&out, "attention out");
     }
 
@@ -611,10 +636,85 @@ fn kv_store_and_attention_reject_bad_slots_and_positions_before_writing() {
     let mut c = KvCacheLayer { k: poisoned(&shape), v: read_only(DType::F32, &shape, &[0.0; 12]) };
     let (s, p) = (u32_tensor(&[2], &[0, 1]), u32_tensor(&[2], &[0, 2]));
     assert_eq!(
-        B.kv_store(&kv, &kv, &mut c, &s, &p).unwrap_err(),
+        B.kv_store(&kv, &kv, &mut c, &contiguous(2), &s, &p).unwrap_err(),
         Error::ReadOnly { op: "kv_store", tensor: "v_cache" }
     );
     assert_untouched(&c.k, "k cache");
+}
+
+/// Paged layout: blocks of 2 positions, slot 0 in blocks [3, 0], slot 1 in [4, 1] (block 2
+/// unused). kv_store of index-revealing rows (row r holds 10 r + e) lands at element
+/// `((table[s][p / 2] * 2 + p % 2) * kv_heads + g) * head_dim + e`; attention with K = 0 (equal
+/// weights) gives the mean of V over 0..=pos read through the same table.
+#[test]
+fn paged_layout_through_the_block_table() {
+    let (blocks, bs, kvh, hd) = (5, 2, 1, 2);
+    let n = blocks * bs * kvh * hd;
+    let table = u32_tensor(&[2, 2], &[3, 0, 4, 1]);
+    let mut c = KvCacheLayer {
+        k: f32_tensor(&[blocks, bs, kvh, hd], &vec![0.0; n]),
+        v: poisoned(&[blocks, bs, kvh, hd]),
+    };
+    // Every position of both slots: (slot, pos) for rows 0..8.
+    let entries: Vec<(u32, u32)> = (0..2).flat_map(|s| (0..4).map(move |p| (s, p))).collect();
+    let vals: Vec<f32> = (0..8).flat_map(|r| (0..hd).map(move |e| (10 * r + e) as f32)).collect();
+    let slots: Vec<u32> = entries.iter().map(|e| e.0).collect();
+    let positions: Vec<u32> = entries.iter().map(|e| e.1).collect();
+    let (s, p) = (u32_tensor(&[8], &slots), u32_tensor(&[8], &positions));
+    let zeros = f32_tensor(&[8, kvh, hd], &[0.0; 16]);
+    B.kv_store(&zeros, &f32_tensor(&[8, kvh, hd], &vals), &mut c, &table, &s, &p).unwrap();
+    let tab = [[3usize, 0], [4, 1]];
+    let got = read(&c.v);
+    for (r, &(slot, pos)) in entries.iter().enumerate() {
+        let at = ((tab[slot as usize][pos as usize / bs] * bs + pos as usize % bs) * kvh) * hd;
+        assert_eq!(&got[at..at + hd], &vals[r * hd..(r + 1) * hd], "row {r} (slot {slot}, pos {pos})");
+    }
+    // Block 2 was never named: still poisoned.
+    assert!(got[2 * bs * hd..3 * bs * hd].iter().all(|v| v.is_nan()), "block 2 written");
+    // Attention: row (slot 1, pos 2) averages rows 4, 5, 6 of the store.
+    let q = f32_tensor(&[2, 1, hd], &[0.5, -0.25, 0.75, 0.125]);
+    let mut out = poisoned(&[2, 1, hd]);
+    B.attention(&q, &c, &table, &u32_tensor(&[2], &[1, 0]), &u32_tensor(&[2], &[2, 3]), 0.5, &mut out)
+        .unwrap();
+    // Means of 10 r + e: slot 1 rows 4..=6 -> 50 + e; slot 0 rows 0..=3 -> 15 + e.
+    assert_eq!(read(&out), [50.0, 51.0, 15.0, 16.0]);
+}
+
+/// A table entry a row needs that names no block is `BlockOutOfRange`, before anything is
+/// written; entries no row reads may hold anything.
+#[test]
+fn bad_block_table_entries_are_refused_before_writing() {
+    let shape = [3, 2, 1, 2];
+    let mut c = KvCacheLayer { k: poisoned(&shape), v: poisoned(&shape) };
+    // Slot 0: blocks [1, 3 (bad)]; slot 1: [u32::MAX (bad), 0].
+    let table = u32_tensor(&[2, 2], &[1, 3, u32::MAX, 0]);
+    let kv = f32_tensor(&[2, 1, 2], &[1.0; 4]);
+    let q = f32_tensor(&[2, 1, 2], &[1.0; 4]);
+    let blk = |op, row, block| Error::BlockOutOfRange { op, row, block, blocks: 3 };
+    // (slots, positions, kv_store's error, attention's error).
+    let cases = [
+        // Slot 0 position 2 is in the bad second block.
+        ([0u32, 0], [1u32, 2], Some(blk("kv_store", 1, 3)), blk("attention", 1, 3)),
+        // Slot 1 position 2 is in its good second block, but attention reads 0..=2, the bad
+        // first block too.
+        ([0, 1], [0, 2], None, blk("attention", 1, u32::MAX)),
+    ];
+    for (slots, positions, store_err, attn_err) in cases {
+        let (s, p) = (u32_tensor(&[2], &slots), u32_tensor(&[2], &positions));
+        let r = B.kv_store(&kv, &kv, &mut c, &table, &s, &p);
+        match store_err {
+            // kv_store needs only the entry of each row's own position.
+            None => r.unwrap(),
+            Some(want) => {
+                assert_eq!(r.unwrap_err(), want);
+                assert_untouched(&c.k, "k cache");
+                assert_untouched(&c.v, "v cache");
+            }
+        }
+        let mut out = poisoned(&[2, 1, 2]);
+        assert_eq!(B.attention(&q, &c, &table, &s, &p, 1.0, &mut out).unwrap_err(), attn_err);
+        assert_untouched(&out, "attention out");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
-use memwall::model::session::DEFAULT_MAX_PREFILL_ROWS;
+use memwall::model::session::{DEFAULT_BLOCK_SIZE, DEFAULT_MAX_PREFILL_ROWS};
 use memwall::model::{GenerateOptions, Generation, Session, SessionOptions, npy};
 use memwall::runtime::{Backend, DType, SamplingParams};
 
@@ -92,6 +92,14 @@ pub struct RunArgs {
     /// --dump-logits) without changing any result.
     #[arg(long, default_value_t = DEFAULT_MAX_PREFILL_ROWS)]
     max_prefill_rows: usize,
+    /// Positions per KV cache block (the cache is paged: each sequence's positions live in
+    /// blocks of this many, named by its block table).
+    #[arg(long, default_value_t = DEFAULT_BLOCK_SIZE)]
+    block_size: usize,
+    /// Blocks in the KV cache pool; 0 (the default): enough for every sequence at its full
+    /// length. Fewer than the run needs is an error (OutOfBlocks) before any compute.
+    #[arg(long, default_value_t = 0)]
+    kv_blocks: usize,
 }
 
 /// Parses `1,2,3` into token ids.
@@ -174,11 +182,16 @@ where
     if args.max_prefill_rows == 0 {
         return Err("--max-prefill-rows must be at least 1".into());
     }
+    if args.block_size == 0 {
+        return Err("--block-size must be at least 1".into());
+    }
     let options = SessionOptions {
         max_batch: prompts.len().max(1),
         capacity,
         cache_dtype: args.kv_dtype.dtype(),
         max_prefill_rows: args.max_prefill_rows,
+        block_size: args.block_size,
+        num_blocks: args.kv_blocks,
     };
     let mut session = Session::new(&model, options)?;
     let gen_opts = GenerateOptions {
@@ -230,6 +243,8 @@ where
             "session": {
                 "kv_dtype": session.options().cache_dtype.to_string(),
                 "max_prefill_rows": session.options().max_prefill_rows,
+                "block_size": session.options().block_size,
+                "kv_blocks": session.options().num_blocks,
                 "capacity": session.options().capacity,
             },
             "graph": {

@@ -314,3 +314,68 @@ pub fn assert_same_bytes(name: &str, dtype: DType, got: &[u8], want: &[u8]) {
         panic!("{report}");
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Paged KV caches
+
+/// A block table for tests: `slots` rows of `max_blocks = ceil(capacity / block_size)` entries
+/// over `num_blocks` physical blocks, the blocks shuffled (non-contiguous, out of order, some
+/// spare blocks never named), and every entry past the last block a slot uses set to `u32::MAX`
+/// (the kernels must not read it).
+#[derive(Clone, Debug)]
+pub struct Paging {
+    pub block_size: usize,
+    pub num_blocks: usize,
+    pub max_blocks: usize,
+    /// `[slots, max_blocks]`, row-major.
+    pub table: Vec<u32>,
+}
+
+impl Paging {
+    /// `used[s]`: positions slot s uses (its entries for blocks past them are `u32::MAX`).
+    pub fn random(rng: &mut Rng, block_size: usize, capacity: usize, used: &[usize]) -> Paging {
+        let max_blocks = capacity.div_ceil(block_size);
+        let slots = used.len();
+        let spare = rng.range(0, 3);
+        let num_blocks = slots * max_blocks + spare;
+        let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
+        for i in (1..ids.len()).rev() {
+            ids.swap(i, rng.below(i + 1));
+        }
+        let mut table = vec![u32::MAX; slots * max_blocks];
+        for (s, &n) in used.iter().enumerate() {
+            for j in 0..n.div_ceil(block_size) {
+                table[s * max_blocks + j] = ids[s * max_blocks + j];
+            }
+        }
+        Paging { block_size, num_blocks, max_blocks, table }
+    }
+
+    /// The contiguous layout: one block of `capacity` positions per slot, slot s in block s.
+    pub fn contiguous(slots: usize, capacity: usize) -> Paging {
+        Paging { block_size: capacity, num_blocks: slots, max_blocks: 1, table: (0..slots as u32).collect() }
+    }
+
+    /// The cache shape `[num_blocks, block_size, kv_heads, head_dim]`.
+    pub fn shape(&self, kv_heads: usize, head_dim: usize) -> [usize; 4] {
+        [self.num_blocks, self.block_size, kv_heads, head_dim]
+    }
+
+    /// The cache row (position of the `[num_blocks * block_size]` rows) of `(slot, pos)`.
+    pub fn row(&self, slot: u32, pos: u32) -> usize {
+        let (s, p) = (slot as usize, pos as usize);
+        let block = self.table[s * self.max_blocks + p / self.block_size];
+        assert!(block != u32::MAX, "slot {slot} position {pos} has no block");
+        block as usize * self.block_size + p % self.block_size
+    }
+
+    pub fn upload<B: Backend>(&self, b: &B) -> Tensor<B::Storage> {
+        upload_u32(b, &[self.table.len() / self.max_blocks, self.max_blocks], &self.table)
+    }
+
+    /// Block sizes worth testing for a cache of `capacity` positions: 1, 16, an odd one and the
+    /// whole capacity (the contiguous layout), one picked by `rng`.
+    pub fn pick_block_size(rng: &mut Rng, capacity: usize) -> usize {
+        [1, 16, 3, 5, capacity.max(1)][rng.below(5)]
+    }
+}

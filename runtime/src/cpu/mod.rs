@@ -36,14 +36,18 @@ pub(crate) fn host_read(src: &HostStorage, out: &mut [u8]) -> Result<()> {
     Ok(())
 }
 
-/// `SlotOutOfRange` or `ContextOverflow` for the first row whose `(slot, position)` lies outside
-/// the cache: the data-dependent check of `kv_store` and `attention`, made before anything is
-/// written.
+/// `SlotOutOfRange`, `ContextOverflow` or `BlockOutOfRange` for the first row whose `(slot,
+/// position)` lies outside the cache: the data-dependent check of `kv_store` and `attention`,
+/// made before anything is written. `table` is the block table `[slots, max_blocks]`; a row
+/// needs the entry of its position's block (`kv_store`) or, with `through`, the entries of every
+/// block up to it (`attention` reads positions `0..=pos`). Entries no row needs are not read.
 pub(crate) fn check_cache_rows(
     op: &'static str,
     d: AttnDims,
+    table: &[u32],
     slots: &[u32],
     positions: &[u32],
+    through: bool,
 ) -> Result<()> {
     for (row, (&slot, &pos)) in slots.iter().zip(positions).enumerate() {
         if slot as usize >= d.slots {
@@ -52,8 +56,23 @@ pub(crate) fn check_cache_rows(
         if pos as usize >= d.capacity {
             return Err(Error::ContextOverflow { op, row, pos, capacity: d.capacity });
         }
+        let last = pos as usize / d.block_size;
+        let first = if through { 0 } else { last };
+        let entries = &table[slot as usize * d.max_blocks..][first..=last];
+        if let Some(&block) = entries.iter().find(|&&b| b as usize >= d.num_blocks) {
+            return Err(Error::BlockOutOfRange { op, row, block, blocks: d.num_blocks });
+        }
     }
     Ok(())
+}
+
+/// Offset (in elements) of position `pos` of `slot`, kv head `kv_head`, element 0, in a paged
+/// cache: `((table[slot][pos / block_size] * block_size + pos % block_size) * kv_heads + kv_head)
+/// * head_dim`. The entry must have been checked by [`check_cache_rows`].
+#[inline(always)]
+pub(crate) fn paged_offset(d: AttnDims, table: &[u32], slot: usize, pos: usize, kv_head: usize) -> usize {
+    let block = table[slot * d.max_blocks + pos / d.block_size] as usize;
+    ((block * d.block_size + pos % d.block_size) * d.kv_heads + kv_head) * d.head_dim
 }
 
 /// `IndexOutOfRange` for the first index that is not a row of the full tensor: the

@@ -78,10 +78,11 @@ impl<D: Device> Backend for Gpu<D> {
         k: &T<D>,
         v: &T<D>,
         cache: &mut KvCacheLayer<Self::Storage>,
+        table: &T<D>,
         slots: &T<D>,
         positions: &T<D>,
     ) -> Result<()> {
-        ops::attention::kv_store(self, d, k, v, cache, slots, positions)
+        ops::attention::kv_store(self, d, k, v, cache, table, slots, positions)
     }
 
     fn exec_attention(
@@ -89,12 +90,13 @@ impl<D: Device> Backend for Gpu<D> {
         d: AttnDims,
         q: &T<D>,
         cache: &KvCacheLayer<Self::Storage>,
+        table: &T<D>,
         slots: &T<D>,
         positions: &T<D>,
         scale: f32,
         out: &mut T<D>,
     ) -> Result<()> {
-        ops::attention::attention(self, d, q, cache, slots, positions, scale, out)
+        ops::attention::attention(self, d, q, cache, table, slots, positions, scale, out)
     }
 
     fn exec_router_topk(&self, d: TopKDims, logits: &T<D>, ids: &mut T<D>, weights: &mut T<D>) -> Result<()> {

@@ -15,6 +15,7 @@ pub const TOKEN_OUT_OF_RANGE: u32 = 1;
 pub const SLOT_OUT_OF_RANGE: u32 = 2;
 pub const CONTEXT_OVERFLOW: u32 = 3;
 pub const INDEX_OUT_OF_RANGE: u32 = 4;
+pub const BLOCK_OUT_OF_RANGE: u32 = 5;
 
 /// Which op reported it (`op`, `code >> 8`).
 pub const OP_EMBEDDING: u32 = 1;
@@ -48,6 +49,7 @@ pub fn decode(bytes: &[u8; STATUS_BYTES]) -> Option<Error> {
         SLOT_OUT_OF_RANGE => Error::SlotOutOfRange { op, row, slot: value, slots: limit },
         CONTEXT_OVERFLOW => Error::ContextOverflow { op, row, pos: value, capacity: limit },
         INDEX_OUT_OF_RANGE => Error::IndexOutOfRange { op, row, index: value, len: limit },
+        BLOCK_OUT_OF_RANGE => Error::BlockOutOfRange { op, row, block: value, blocks: limit },
         kind => {
             Error::Argument { op, msg: format!("kernel reported unknown error kind {kind} at row {row}") }
         }
@@ -84,6 +86,10 @@ mod tests {
         assert_eq!(
             decode(&words([(OP_GATHER_ROWS << 8) | INDEX_OUT_OF_RANGE, 3, 9, 9])),
             Some(Error::IndexOutOfRange { op: "gather_rows", row: 3, index: 9, len: 9 })
+        );
+        assert_eq!(
+            decode(&words([(OP_ATTENTION << 8) | BLOCK_OUT_OF_RANGE, 2, 70, 64])),
+            Some(Error::BlockOutOfRange { op: "attention", row: 2, block: 70, blocks: 64 })
         );
     }
 }

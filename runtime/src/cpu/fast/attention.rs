@@ -1,12 +1,14 @@
 //! The KV cache store and causal grouped-query attention.
 //!
 //! Contract (`ops::check_kv_store`, `ops::check_attention`): the cache layer's `k` and `v` are
-//! `[slots, capacity, kv_heads, head_dim]`, each f32, bf16 or f16 (independently). `kv_store`
-//! writes `k, v [rows, kv_heads, head_dim]` (f32, rounded to the cache type) at
-//! `(slots[r], positions[r])`, rows in order. `attention` gives each query row `r` and head `h`
-//! `softmax(scale * q . K^T) V` over the positions `0..=positions[r]` of its slot, reading kv head
-//! `h / (heads / kv_heads)`. Both check every row's slot (`SlotOutOfRange`) and position
-//! (`ContextOverflow`) before writing anything.
+//! `[num_blocks, block_size, kv_heads, head_dim]`, each f32, bf16 or f16 (independently), paged
+//! through the block table `[slots, max_blocks]` (position p of slot s is row `p % block_size` of
+//! block `table[s][p / block_size]`). `kv_store` writes `k, v [rows, kv_heads, head_dim]` (f32,
+//! rounded to the cache type) at position `positions[r]` of slot `slots[r]`, rows in order.
+//! `attention` gives each query row `r` and head `h` `softmax(scale * q . K^T) V` over the
+//! positions `0..=positions[r]` of its slot, reading kv head `h / (heads / kv_heads)`. Both check
+//! every row's slot (`SlotOutOfRange`), position (`ContextOverflow`) and the table entries it
+//! reads (`BlockOutOfRange`) before writing anything.
 //!
 //! Algorithm: one task per (row, kv head), which serves the `heads / kv_heads` query heads of the
 //! group, so each cached key and value row is read once per group. Positions go in blocks of
@@ -50,10 +52,10 @@ macro_rules! with_cache_type {
     };
 }
 
-/// Offset of `cache[slot, pos, kv_head, 0]`.
+/// Offset of `(slot, pos, kv_head, 0)` through the block table.
 #[inline(always)]
-fn cache_at(d: AttnDims, slot: usize, pos: usize, kv_head: usize) -> usize {
-    ((slot * d.capacity + pos) * d.kv_heads + kv_head) * d.head_dim
+fn cache_at(d: AttnDims, table: &[u32], slot: usize, pos: usize, kv_head: usize) -> usize {
+    crate::cpu::paged_offset(d, table, slot, pos, kv_head)
 }
 
 pub(crate) fn kv_store(
@@ -61,13 +63,15 @@ pub(crate) fn kv_store(
     k: &HostTensor,
     v: &HostTensor,
     cache: &mut KvCacheLayer<HostStorage>,
+    table: &HostTensor,
     slots: &HostTensor,
     positions: &HostTensor,
 ) -> Result<()> {
     let op = "kv_store";
+    let table = table.as_slice::<u32>();
     let slots = slots.as_slice::<u32>();
     let positions = positions.as_slice::<u32>();
-    crate::cpu::check_cache_rows(op, d, slots, positions)?;
+    crate::cpu::check_cache_rows(op, d, table, slots, positions, false)?;
     let (k, v) = (k.as_slice::<f32>(), v.as_slice::<f32>());
     let (kd, vd) = (cache.k.dtype(), cache.v.dtype());
     // Both caches are borrowed writable before either is written.
@@ -76,19 +80,26 @@ pub(crate) fn kv_store(
         let k_cache = k_cache.as_mut_slice::<K>(op, "k_cache")?;
         with_cache_type!(op, "v_cache", vd, C => {
             let v_cache = v_cache.as_mut_slice::<C>(op, "v_cache")?;
-            store(d, k, k_cache, slots, positions);
-            store(d, v, v_cache, slots, positions);
+            store(d, k, k_cache, table, slots, positions);
+            store(d, v, v_cache, table, slots, positions);
             Ok(())
         })
     })
 }
 
-/// Rows in order (a later row overwrites an earlier one at the same place); the slots and
-/// positions are checked.
-fn store<C: Float>(d: AttnDims, src: &[f32], cache: &mut [C], slots: &[u32], positions: &[u32]) {
+/// Rows in order (a later row overwrites an earlier one at the same place); the slots, positions
+/// and table entries are checked.
+fn store<C: Float>(
+    d: AttnDims,
+    src: &[f32],
+    cache: &mut [C],
+    table: &[u32],
+    slots: &[u32],
+    positions: &[u32],
+) {
     let width = d.kv_heads * d.head_dim;
     for (r, src) in src.chunks_exact(width).enumerate() {
-        let at = cache_at(d, slots[r] as usize, positions[r] as usize, 0);
+        let at = cache_at(d, table, slots[r] as usize, positions[r] as usize, 0);
         for (c, &s) in cache[at..at + width].iter_mut().zip(src) {
             *c = C::from_f32(s);
         }
@@ -101,15 +112,17 @@ pub(crate) fn attention(
     d: AttnDims,
     q: &HostTensor,
     cache: &KvCacheLayer<HostStorage>,
+    table: &HostTensor,
     slots: &HostTensor,
     positions: &HostTensor,
     scale: f32,
     out: &mut HostTensor,
 ) -> Result<()> {
     let op = "attention";
+    let table = table.as_slice::<u32>();
     let slots = slots.as_slice::<u32>();
     let positions = positions.as_slice::<u32>();
-    crate::cpu::check_cache_rows(op, d, slots, positions)?;
+    crate::cpu::check_cache_rows(op, d, table, slots, positions, true)?;
     let q = q.as_slice::<f32>();
     let out = out.as_mut_slice::<f32>(op, "out")?;
     with_cache_type!(op, "k_cache", cache.k.dtype(), K => {
@@ -119,6 +132,7 @@ pub(crate) fn attention(
                 q,
                 k: cache.k.as_slice::<K>(),
                 v: cache.v.as_slice::<C>(),
+                table,
                 slots,
                 positions,
                 scale,
@@ -135,6 +149,7 @@ struct Job<'a, K, C> {
     q: &'a [f32],
     k: &'a [K],
     v: &'a [C],
+    table: &'a [u32],
     slots: &'a [u32],
     positions: &'a [u32],
     scale: f32,
@@ -193,7 +208,7 @@ impl<K: Elem, C: Elem> Kernel for Group<'_, '_, K, C> {
             let p1 = len.min(p0 + POS_BLOCK);
             // Scores of the block.
             for p in p0..p1 {
-                let at = cache_at(d, slot, p, kv_head);
+                let at = cache_at(d, job.table, slot, p, kv_head);
                 let key = &job.k[at..at + hd];
                 for h in 0..group {
                     scores[h * POS_BLOCK + p - p0] = job.scale * dot(v, &q[h * hd..(h + 1) * hd], key);
@@ -217,7 +232,7 @@ impl<K: Elem, C: Elem> Kernel for Group<'_, '_, K, C> {
             }
             // Weighted values.
             for p in p0..p1 {
-                let at = cache_at(d, slot, p, kv_head);
+                let at = cache_at(d, job.table, slot, p, kv_head);
                 let value = &job.v[at..at + hd];
                 for h in 0..group {
                     axpy(v, &mut out[h * hd..(h + 1) * hd], scores[h * POS_BLOCK + p - p0], value);
@@ -321,12 +336,19 @@ mod tests {
         scale: f32,
     ) {
         let r = Reference;
-        let (n_slots, capacity) = (3, 80);
+        // Paged: blocks of 16 positions (POS_BLOCK straddles them), the 15 blocks of the 3 slots
+        // in a scrambled order (slot s, block j -> (7 (5 s + j) + 3) mod 15).
+        let (n_slots, capacity, bs) = (3, 80, 16);
+        let max_blocks = capacity / bs;
+        let n_blocks = n_slots * max_blocks;
+        let table_v: Vec<u32> = (0..n_blocks).map(|i| ((7 * i + 3) % n_blocks) as u32).collect();
+        let table = fast.upload_u32(&[n_slots, max_blocks], &table_v).unwrap();
+        let row_of = |slot: usize, t: usize| table_v[slot * max_blocks + t / bs] as usize * bs + t % bs;
         let rows = positions.len();
         let mut rng = Rng::new(hd as u64 + heads as u64 * 31);
         let mk = |b: &dyn Fn(DType) -> HostTensor| KvCacheLayer { k: b(kt), v: b(vt) };
-        let mut cache = mk(&|t| fast.alloc(t, &[n_slots, capacity, kv_heads, hd]).unwrap());
-        let mut cache_ref = mk(&|t| r.alloc(t, &[n_slots, capacity, kv_heads, hd]).unwrap());
+        let mut cache = mk(&|t| fast.alloc(t, &[n_blocks, bs, kv_heads, hd]).unwrap());
+        let mut cache_ref = mk(&|t| r.alloc(t, &[n_blocks, bs, kv_heads, hd]).unwrap());
         // Fill every position of every slot, in several kv_store calls.
         for slot in 0..n_slots as u32 {
             for chunk in (0..capacity as u32).collect::<Vec<_>>().chunks(37) {
@@ -335,8 +357,8 @@ mod tests {
                 let v = fast.upload_f32(DType::F32, &[n, kv_heads, hd], &rng.vec(n * kv_heads * hd)).unwrap();
                 let s = fast.upload_u32(&[n], &vec![slot; n]).unwrap();
                 let p = fast.upload_u32(&[n], chunk).unwrap();
-                fast.kv_store(&k, &v, &mut cache, &s, &p).unwrap();
-                r.kv_store(&k, &v, &mut cache_ref, &s, &p).unwrap();
+                fast.kv_store(&k, &v, &mut cache, &table, &s, &p).unwrap();
+                r.kv_store(&k, &v, &mut cache_ref, &table, &s, &p).unwrap();
             }
         }
         assert_eq!(fast.read(&cache.k).unwrap(), r.read(&cache_ref.k).unwrap());
@@ -348,8 +370,8 @@ mod tests {
         let pos = fast.upload_u32(&[rows], positions).unwrap();
         let mut out = fast.alloc(DType::F32, &[rows, heads, hd]).unwrap();
         let mut out_ref = r.alloc(DType::F32, &[rows, heads, hd]).unwrap();
-        fast.attention(&q, &cache, &slots, &pos, scale, &mut out).unwrap();
-        r.attention(&q, &cache, &slots, &pos, scale, &mut out_ref).unwrap();
+        fast.attention(&q, &cache, &table, &slots, &pos, scale, &mut out).unwrap();
+        r.attention(&q, &cache, &table, &slots, &pos, scale, &mut out_ref).unwrap();
         let want: Vec<f64> = r.read_f32(&out_ref).unwrap().iter().map(|&v| v as f64).collect();
 
         // Bound: each score is an f32 dot of hd terms times the scale, error
@@ -364,7 +386,7 @@ mod tests {
             let (slot, t_len) = (slots_of[row] as usize, positions[row] as usize + 1);
             for h in 0..heads {
                 let g = h / group;
-                let at = |t: usize| ((slot * capacity + t) * kv_heads + g) * hd;
+                let at = |t: usize| (row_of(slot, t) * kv_heads + g) * hd;
                 let qh = &qv[(row * heads + h) * hd..][..hd];
                 let scores: Vec<f64> = (0..t_len)
                     .map(|t| scale as f64 * (0..hd).map(|e| qh[e] as f64 * kc[at(t) + e] as f64).sum::<f64>())
@@ -429,18 +451,23 @@ mod tests {
         let k = fast.upload_f32(DType::F32, &[2, kvh, hd], &[0.5; 16]).unwrap();
         let slot_err = |op| Error::SlotOutOfRange { op, row: 1, slot: 2, slots };
         let pos_err = |op| Error::ContextOverflow { op, row: 0, pos: 4, capacity };
+        let block_err = |op| Error::BlockOutOfRange { op, row: 1, block: 2, blocks: slots };
+        // Slot 0 in block 1 (blocks of `capacity` positions), slot 1 in block 2: no such block.
+        let contiguous = fast.upload_u32(&[slots, 1], &[0, 1]).unwrap();
+        let bad = fast.upload_u32(&[slots, 1], &[1, 2]).unwrap();
         let cases = [
-            ([0, 2], [0, 0], slot_err("kv_store"), slot_err("attention")),
-            ([1, 0], [4, 0], pos_err("kv_store"), pos_err("attention")),
+            ([0, 2], [0, 0], &contiguous, slot_err("kv_store"), slot_err("attention")),
+            ([1, 0], [4, 0], &contiguous, pos_err("kv_store"), pos_err("attention")),
+            ([0, 1], [3, 0], &bad, block_err("kv_store"), block_err("attention")),
         ];
-        for (s, p, store_err, attn_err) in cases {
+        for (s, p, table, store_err, attn_err) in cases {
             let (s, p) = (fast.upload_u32(&[2], &s).unwrap(), fast.upload_u32(&[2], &p).unwrap());
-            assert_eq!(fast.kv_store(&k, &k, &mut cache, &s, &p).unwrap_err(), store_err);
+            assert_eq!(fast.kv_store(&k, &k, &mut cache, table, &s, &p).unwrap_err(), store_err);
             assert!(fast.read(&cache.k).unwrap().iter().all(|&b| b == 0));
             assert!(fast.read(&cache.v).unwrap().iter().all(|&b| b == 0));
             let q = fast.upload_f32(DType::F32, &[2, 1, hd], &[0.5; 16]).unwrap();
             let mut out = fast.upload_f32(DType::F32, &[2, 1, hd], &[7.0; 16]).unwrap();
-            assert_eq!(fast.attention(&q, &cache, &s, &p, 1.0, &mut out).unwrap_err(), attn_err);
+            assert_eq!(fast.attention(&q, &cache, table, &s, &p, 1.0, &mut out).unwrap_err(), attn_err);
             assert!(fast.read_f32(&out).unwrap().iter().all(|&v| v == 7.0));
         }
     }

@@ -1,7 +1,9 @@
 //! The KV cache: kv_store writes this step's keys and values, attention reads them.
 //!
-//! Cache layout `[slots, capacity, kv_heads, head_dim]`: element `(slot, t, kv_head, e)` is at
-//! `((slot * capacity + t) * kv_heads + kv_head) * head_dim + e`.
+//! Cache layout `[num_blocks, block_size, kv_heads, head_dim]`, paged through the block table
+//! `[slots, max_blocks]`: element `(slot, t, kv_head, e)` is at
+//! `((table[slot][t / block_size] * block_size + t % block_size) * kv_heads + kv_head) * head_dim
+//! + e`.
 //!
 //! attention, for query row r and head h, over cache slot `s = slots[r]` and positions
 //! `t = 0..=positions[r]` (the causal mask), reading kv head `g = h / (heads / kv_heads)`:
@@ -13,19 +15,22 @@ use super::values::{ensure_writable, floats, indices, store, store_at, widen};
 use crate::ops::{AttnDims, KvCacheLayer};
 use crate::{HostStorage, HostTensor, Result};
 
-/// `cache.k[slots[r]][positions[r]] = k[r]` and the same for v, converted to the cache dtype.
+/// Position `positions[r]` of slot `slots[r]` (through the block table) `= k[r]` and the same for
+/// v, converted to the cache dtype.
 pub(super) fn kv_store(
     d: AttnDims,
     k: &HostTensor,
     v: &HostTensor,
     cache: &mut KvCacheLayer<HostStorage>,
+    table: &HostTensor,
     slots: &HostTensor,
     positions: &HostTensor,
 ) -> Result<()> {
     let op = "kv_store";
+    let table = indices(op, "block_table", table)?;
     let slots = indices(op, "slots", slots)?;
     let positions = indices(op, "positions", positions)?;
-    crate::cpu::check_cache_rows(op, d, slots, positions)?;
+    crate::cpu::check_cache_rows(op, d, table, slots, positions, false)?;
     ensure_writable(op, "k_cache", &cache.k)?;
     ensure_writable(op, "v_cache", &cache.v)?;
     let k = widen(op, "k", k)?;
@@ -33,7 +38,7 @@ pub(super) fn kv_store(
     // One cache entry: every kv head of one position.
     let entry = d.kv_heads * d.head_dim;
     for r in 0..d.rows {
-        let at = (slots[r] as usize * d.capacity + positions[r] as usize) * entry;
+        let at = crate::cpu::paged_offset(d, table, slots[r] as usize, positions[r] as usize, 0);
         store_at(op, "k_cache", &mut cache.k, at, &k[r * entry..(r + 1) * entry])?;
         store_at(op, "v_cache", &mut cache.v, at, &v[r * entry..(r + 1) * entry])?;
     }
@@ -41,19 +46,22 @@ pub(super) fn kv_store(
 }
 
 /// Causal grouped-query attention of `q [rows, heads, head_dim]` over the cache.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn attention(
     d: AttnDims,
     q: &HostTensor,
     cache: &KvCacheLayer<HostStorage>,
+    table: &HostTensor,
     slots: &HostTensor,
     positions: &HostTensor,
     scale: f32,
     out: &mut HostTensor,
 ) -> Result<()> {
     let op = "attention";
+    let table = indices(op, "block_table", table)?;
     let slots = indices(op, "slots", slots)?;
     let positions = indices(op, "positions", positions)?;
-    crate::cpu::check_cache_rows(op, d, slots, positions)?;
+    crate::cpu::check_cache_rows(op, d, table, slots, positions, true)?;
     let q = widen(op, "q", q)?;
     let k_cache = floats(op, "k_cache", &cache.k)?;
     let v_cache = floats(op, "v_cache", &cache.v)?;
@@ -61,7 +69,8 @@ pub(super) fn attention(
     let hd = d.head_dim;
     let group = d.heads / d.kv_heads;
     let cache_index = |slot: usize, t: usize, kv_head: usize, e: usize| {
-        ((slot * d.capacity + t) * d.kv_heads + kv_head) * hd + e
+        let block = table[slot * d.max_blocks + t / d.block_size] as usize;
+        ((block * d.block_size + t % d.block_size) * d.kv_heads + kv_head) * hd + e
     };
 
     let mut o = vec![0.0; d.rows * d.heads * hd];

@@ -111,22 +111,24 @@ impl Backend for Reference {
         k: &HostTensor,
         v: &HostTensor,
         cache: &mut KvCacheLayer<HostStorage>,
+        table: &HostTensor,
         slots: &HostTensor,
         positions: &HostTensor,
     ) -> Result<()> {
-        attention::kv_store(d, k, v, cache, slots, positions)
+        attention::kv_store(d, k, v, cache, table, slots, positions)
     }
     fn exec_attention(
         &self,
         d: AttnDims,
         q: &HostTensor,
         cache: &KvCacheLayer<HostStorage>,
+        table: &HostTensor,
         slots: &HostTensor,
         positions: &HostTensor,
         scale: f32,
         out: &mut HostTensor,
     ) -> Result<()> {
-        attention::attention(d, q, cache, slots, positions, scale, out)
+        attention::attention(d, q, cache, table, slots, positions, scale, out)
     }
     fn exec_router_topk(
         &self,

@@ -8,6 +8,10 @@
 //! - beside it, from [`PREFILL_MIN_ROWS`] rows on, the prefill kernel: a block per tile of
 //!   consecutive rows that all name one slot (the kernel checks), so K/V tiles in shared memory
 //!   serve all the tile's query rows.
+//!
+//! The cache is paged (`ops::KvCacheLayer`): the kernels look up each key position's block in the
+//! block table, so any block size works (no multiple of a tile needed; a power of two saves a
+//! division, [`block_shift`]).
 
 use super::super::{Device, DeviceInfo, Gpu, GpuStorage, LaunchCfg, dim};
 use super::addr;
@@ -24,6 +28,7 @@ pub struct KvStoreParams {
     pub v: u64,
     pub k_cache: u64,
     pub v_cache: u64,
+    pub block_table: u64,
     pub slots: u64,
     pub positions: u64,
     pub status: u64,
@@ -31,6 +36,10 @@ pub struct KvStoreParams {
     pub width: u64,
     pub n_slots: u32,
     pub capacity: u32,
+    pub block_size: u32,
+    pub num_blocks: u32,
+    pub max_blocks: u32,
+    pub reserved: u32,
 }
 
 /// `AttentionParams` of `kernels-cuda/params/attention.h`.
@@ -40,6 +49,7 @@ pub struct AttentionParams {
     pub q: u64,
     pub k_cache: u64,
     pub v_cache: u64,
+    pub block_table: u64,
     pub slots: u64,
     pub positions: u64,
     pub out: u64,
@@ -53,6 +63,10 @@ pub struct AttentionParams {
     pub head_dim: u32,
     pub n_slots: u32,
     pub capacity: u32,
+    pub block_size: u32,
+    pub block_shift: u32,
+    pub num_blocks: u32,
+    pub max_blocks: u32,
     pub head_chunk: u32,
     pub head_chunks: u32,
     pub splits: u32,
@@ -62,11 +76,11 @@ pub struct AttentionParams {
     pub reserved: u32,
 }
 
-const _: () = assert!(std::mem::size_of::<KvStoreParams>() == 80);
-const _: () = assert!(std::mem::offset_of!(KvStoreParams, n_slots) == 72);
-const _: () = assert!(std::mem::size_of::<AttentionParams>() == 136);
-const _: () = assert!(std::mem::offset_of!(AttentionParams, rows) == 80);
-const _: () = assert!(std::mem::offset_of!(AttentionParams, scale_log2) == 128);
+const _: () = assert!(std::mem::size_of::<KvStoreParams>() == 104);
+const _: () = assert!(std::mem::offset_of!(KvStoreParams, n_slots) == 80);
+const _: () = assert!(std::mem::size_of::<AttentionParams>() == 160);
+const _: () = assert!(std::mem::offset_of!(AttentionParams, rows) == 88);
+const _: () = assert!(std::mem::offset_of!(AttentionParams, scale_log2) == 152);
 
 // ---------------------------------------------------------------------------------------------
 // Kernel names and their configurations (mirroring `DecodeCfg` and `PrefillCfg` in the .cu)
@@ -301,15 +315,23 @@ pub fn plan(d: AttnDims, k: DType, v: DType, info: &DeviceInfo, backend: &'stati
     Ok(AttnPlan { decode, heads_per_block, splits, min_split: MIN_SPLIT, prefill })
 }
 
+/// `AttentionParams::block_shift`: log2 of a power-of-two block size (the kernels then shift
+/// instead of dividing), else 32.
+pub fn block_shift(block_size: usize) -> u32 {
+    if block_size.is_power_of_two() { block_size.trailing_zeros() } else { 32 }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Launchers
 
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn kv_store<D: Device>(
     g: &Gpu<D>,
     d: AttnDims,
     k: &T<D>,
     v: &T<D>,
     cache: &mut KvCacheLayer<GpuStorage<D::Buffer>>,
+    table: &T<D>,
     slots: &T<D>,
     positions: &T<D>,
 ) -> Result<()> {
@@ -321,6 +343,7 @@ pub(crate) fn kv_store<D: Device>(
         v: addr::<D>(v),
         k_cache: addr::<D>(&cache.k),
         v_cache: addr::<D>(&cache.v),
+        block_table: addr::<D>(table),
         slots: addr::<D>(slots),
         positions: addr::<D>(positions),
         status: g.status_address(),
@@ -328,12 +351,17 @@ pub(crate) fn kv_store<D: Device>(
         width: (d.kv_heads * d.head_dim) as u64,
         n_slots: dim(op, "slots", d.slots)?,
         capacity: dim(op, "capacity", d.capacity)?,
+        block_size: dim(op, "block_size", d.block_size)?,
+        num_blocks: dim(op, "num_blocks", d.num_blocks)?,
+        max_blocks: dim(op, "max_blocks", d.max_blocks)?,
+        reserved: 0,
     };
     let cfg = LaunchCfg::linear(dim(op, "rows", d.rows)?, THREADS, 0);
-    // SAFETY: check_kv_store gave k, v [rows, kv_heads, head_dim] f32, the caches [slots,
-    // capacity, kv_heads, head_dim] of the dtypes the kernel name says, slots and positions u32
-    // [rows]; the kernel writes only cache entries whose slot and position it checked against
-    // n_slots and capacity; the caches are borrowed mutably.
+    // SAFETY: check_kv_store gave k, v [rows, kv_heads, head_dim] f32, the caches [num_blocks,
+    // block_size, kv_heads, head_dim] of the dtypes the kernel name says, the block table u32
+    // [n_slots, max_blocks], slots and positions u32 [rows]; the kernel reads a table entry only
+    // at a slot and position it checked against n_slots and capacity, and writes a cache block
+    // only after checking its id against num_blocks; the caches are borrowed mutably.
     unsafe { g.launch(name, cfg, &p) }
 }
 
@@ -343,13 +371,14 @@ pub(crate) fn attention<D: Device>(
     d: AttnDims,
     q: &T<D>,
     cache: &KvCacheLayer<GpuStorage<D::Buffer>>,
+    table: &T<D>,
     slots: &T<D>,
     positions: &T<D>,
     scale: f32,
     out: &mut T<D>,
 ) -> Result<()> {
     let plan = plan(d, cache.k.dtype(), cache.v.dtype(), g.device().info(), g.name())?;
-    launch_attention(g, d, q, cache, slots, positions, scale, out, &plan)
+    launch_attention(g, d, q, cache, table, slots, positions, scale, out, &plan)
 }
 
 /// `Backend::attention` with an explicit plan instead of [`plan`]'s: the same checks, then the
@@ -359,14 +388,15 @@ pub fn attention_planned<D: Device>(
     g: &Gpu<D>,
     q: &T<D>,
     cache: &KvCacheLayer<GpuStorage<D::Buffer>>,
+    table: &T<D>,
     slots: &T<D>,
     positions: &T<D>,
     scale: f32,
     out: &mut T<D>,
     plan: &AttnPlan,
 ) -> Result<()> {
-    let d = crate::ops::check_attention(q, cache, slots, positions, scale, out)?;
-    launch_attention(g, d, q, cache, slots, positions, scale, out, plan)
+    let d = crate::ops::check_attention(q, cache, table, slots, positions, scale, out)?;
+    launch_attention(g, d, q, cache, table, slots, positions, scale, out, plan)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -375,6 +405,7 @@ fn launch_attention<D: Device>(
     d: AttnDims,
     q: &T<D>,
     cache: &KvCacheLayer<GpuStorage<D::Buffer>>,
+    table: &T<D>,
     slots: &T<D>,
     positions: &T<D>,
     scale: f32,
@@ -407,6 +438,7 @@ fn launch_attention<D: Device>(
         q: addr::<D>(q),
         k_cache: addr::<D>(&cache.k),
         v_cache: addr::<D>(&cache.v),
+        block_table: addr::<D>(table),
         slots: addr::<D>(slots),
         positions: addr::<D>(positions),
         out: addr::<D>(out),
@@ -420,6 +452,10 @@ fn launch_attention<D: Device>(
         head_dim: dim(op, "head_dim", d.head_dim)?,
         n_slots: dim(op, "slots", d.slots)?,
         capacity: dim(op, "capacity", d.capacity)?,
+        block_size: dim(op, "block_size", d.block_size)?,
+        block_shift: block_shift(d.block_size),
+        num_blocks: dim(op, "num_blocks", d.num_blocks)?,
+        max_blocks: dim(op, "max_blocks", d.max_blocks)?,
         head_chunk: 0,
         head_chunks: 0,
         splits: 1,
@@ -468,12 +504,13 @@ fn launch_attention<D: Device>(
     };
 
     if let Some((name, cfg, p)) = prefill_launch {
-        // SAFETY: check_attention gave q and out [rows, heads, head_dim] f32, the caches [slots,
-        // capacity, kv_heads, head_dim] of the dtypes the kernel name says (one for both), slots
-        // and positions u32 [rows]; head_dim is even and <= the kernel's hd_max, the grid covers
-        // rows / prefill_rows tiles and kv_heads x head_chunks head groups; the kernel reads cache
-        // entries only at checked slots and positions and writes out rows of its tiles; out is
-        // borrowed mutably.
+        // SAFETY: check_attention gave q and out [rows, heads, head_dim] f32, the caches
+        // [num_blocks, block_size, kv_heads, head_dim] of the dtypes the kernel name says (one for
+        // both), the block table u32 [n_slots, max_blocks], slots and positions u32 [rows];
+        // head_dim is even and <= the kernel's hd_max, the grid covers rows / prefill_rows tiles
+        // and kv_heads x head_chunks head groups; the kernel reads table entries only at checked
+        // slots and positions, cache blocks only through entries it checked against num_blocks,
+        // and writes out rows of its tiles; out is borrowed mutably.
         unsafe { g.launch(name, cfg, &p)? };
     }
     if plan.splits == 1 {
@@ -501,7 +538,17 @@ mod tests {
     use super::*;
 
     fn dims(rows: usize, heads: usize, kv_heads: usize, head_dim: usize, capacity: usize) -> AttnDims {
-        AttnDims { rows, heads, kv_heads, head_dim, slots: 4, capacity }
+        AttnDims {
+            rows,
+            heads,
+            kv_heads,
+            head_dim,
+            slots: 4,
+            capacity,
+            block_size: 16,
+            num_blocks: 64,
+            max_blocks: capacity.div_ceil(16),
+        }
     }
 
     use super::super::test_h200 as h200;
@@ -602,8 +649,8 @@ mod tests {
 
     #[test]
     fn params_layout() {
-        assert_eq!(std::mem::offset_of!(AttentionParams, heads), 88);
-        assert_eq!(std::mem::offset_of!(AttentionParams, prefill_rows), 124);
-        assert_eq!(std::mem::offset_of!(KvStoreParams, capacity), 76);
+        assert_eq!(std::mem::offset_of!(AttentionParams, heads), 96);
+        assert_eq!(std::mem::offset_of!(AttentionParams, prefill_rows), 148);
+        assert_eq!(std::mem::offset_of!(KvStoreParams, capacity), 84);
     }
 }
