@@ -68,7 +68,7 @@ impl LenDist {
     }
 
     fn draw(&self, rng: &mut SplitMix) -> usize {
-        self.min + (rng.next() % (self.max - self.min + 1) as u64) as usize
+        self.min + (rng.next_u64() % (self.max - self.min + 1) as u64) as usize
     }
 }
 
@@ -80,7 +80,7 @@ impl SplitMix {
     pub fn new(seed: u64) -> Self {
         SplitMix(seed)
     }
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -89,7 +89,7 @@ impl SplitMix {
     }
     /// Uniform in (0, 1].
     pub fn open01(&mut self) -> f64 {
-        ((self.next() >> 11) as f64 + 1.0) / (1u64 << 53) as f64
+        ((self.next_u64() >> 11) as f64 + 1.0) / (1u64 << 53) as f64
     }
 }
 
@@ -108,7 +108,7 @@ pub fn synthetic(
     Ok((0..n)
         .map(|_| {
             let len = input.draw(&mut rng);
-            let input_ids = (0..len).map(|_| (rng.next() % vocab as u64) as u32).collect();
+            let input_ids = (0..len).map(|_| (rng.next_u64() % vocab as u64) as u32).collect();
             Query { input_ids, max_new_tokens: output.draw(&mut rng) }
         })
         .collect())
