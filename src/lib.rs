@@ -2,14 +2,18 @@
 //!
 //! Engines link this crate as a backend: [`runtime`] has the `Backend` trait, the tensors and the
 //! CPU backends; [`model`] runs Hugging Face checkpoints on any backend; [`kernels`] holds the
-//! kernel images this build embedded; [`wall`] computes the memory wall of a model on a device.
+//! kernel images this build embedded; [`wall`] computes the memory wall of a model on a device;
+//! [`engine`] is the continuous-batching scheduler and [`scenario`] the MLPerf scenarios measured
+//! through it.
 
 pub use memwall_model as model;
 pub use memwall_runtime as runtime;
 
 pub mod bytes;
+pub mod engine;
 pub mod peak;
 pub mod peak_gpu;
+pub mod scenario;
 pub mod wall;
 
 pub mod kernels {

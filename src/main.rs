@@ -26,6 +26,9 @@ enum Command {
     /// Runs a Hugging Face checkpoint (Llama 3.x or Mixtral) on prompt token ids and prints the
     /// generated ids.
     Run(cmd::run::RunArgs),
+    /// The MLPerf scenarios (SingleStream, Server, Offline) measured on a checkpoint through the
+    /// continuous-batching scheduler, beside the wall and roofline predictions.
+    Scenario(cmd::scenario::ScenarioArgs),
 }
 
 type BoxError = Box<dyn std::error::Error>;
@@ -40,6 +43,7 @@ fn main() -> ExitCode {
         Command::Peak(args) => cmd::peak::peak_cmd(&args).map_err(BoxError::from),
         Command::Wall(args) => cmd::wall::wall_command(&args).map_err(BoxError::from),
         Command::Run(args) => cmd::run::run(&args),
+        Command::Scenario(args) => cmd::scenario::scenario_cmd(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

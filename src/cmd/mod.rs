@@ -2,4 +2,5 @@
 
 pub mod peak;
 pub mod run;
+pub mod scenario;
 pub mod wall;

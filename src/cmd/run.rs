@@ -10,7 +10,7 @@ use memwall::runtime::{Backend, DType, SamplingParams};
 type BoxError = Box<dyn std::error::Error>;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum BackendName {
+pub(crate) enum BackendName {
     /// The fast CPU backend.
     Cpu,
     /// The reference CPU backend (f64 accumulation; slow, exact).

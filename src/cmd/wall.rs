@@ -73,13 +73,13 @@ pub struct WallArgs {
 }
 
 /// Whether a `--device` argument names this machine.
-fn is_this_machine(name: &str) -> bool {
+pub(crate) fn is_this_machine(name: &str) -> bool {
     let key: String = name.chars().filter(|c| c.is_ascii_alphanumeric()).collect::<String>().to_lowercase();
     key == wall::THIS_MACHINE || key == "thismachine"
 }
 
 /// This machine, measured: the read ceiling on all threads and the estimated compute peak.
-fn measure_this_machine() -> Result<(Device, String), Error> {
+pub(crate) fn measure_this_machine() -> Result<(Device, String), Error> {
     let failed = |e: memwall::runtime::Error| Error::InvalidArgument {
         what: "measurement of this machine",
         reason: e.to_string(),

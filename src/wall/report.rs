@@ -222,7 +222,7 @@ fn opt<T: ToString>(v: Option<T>, none: &str) -> String {
 
 /// Lays out rows of cells in aligned columns: the first `left` columns left-aligned, the rest
 /// right-aligned.
-fn columns(header: &[&str], rows: &[Vec<String>], left: usize) -> String {
+pub fn columns(header: &[&str], rows: &[Vec<String>], left: usize) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {

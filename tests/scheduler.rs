@@ -1,0 +1,398 @@
+//! The continuous-batching scheduler (`memwall::engine`): on the mock engine (admission when the
+//! cache is full, preemption, no starvation, cancellation, the row budget, every block returned)
+//! and on real models of the parity fixtures (under greedy decoding, and seeded sampling, every
+//! request's tokens equal those of the request run alone), and a soak test of thousands of short
+//! requests through the Server scenario on the fast CPU backend.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use memwall::engine::mock::{MockConfig, MockEngine};
+use memwall::engine::{
+    Completion, EngineError, Event, Request, RequestId, Result, Scheduler, SchedulerConfig, SessionEngine,
+    StepEngine, blocks_for,
+};
+use memwall::model::session::Row;
+use memwall::model::{GenerateOptions, Model, Session, SessionOptions};
+use memwall::runtime::{Backend, DType, SamplingParams};
+use memwall::scenario::{self, Arrivals, requests};
+
+const VOCAB: usize = 50;
+
+fn mock(slots: usize, block_size: usize, total_blocks: usize, max_step_rows: usize) -> MockEngine {
+    MockEngine::new(MockConfig { slots, block_size, total_blocks, capacity: 64, max_step_rows, vocab: VOCAB })
+        .expect("mock")
+}
+
+fn sched(e: MockEngine, sampling: SamplingParams) -> Scheduler<MockEngine> {
+    Scheduler::new(e, SchedulerConfig { sampling, max_step_rows: None }).expect("scheduler")
+}
+
+/// Requests of random prompt and output lengths (a small LCG: the test needs variety, not quality).
+fn random_requests(n: usize, seed: u64, max_prompt: usize, max_new: usize) -> Vec<Request> {
+    let mut s = seed;
+    let mut next = move |m: usize| {
+        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((s >> 33) % m as u64) as usize
+    };
+    (0..n)
+        .map(|i| Request {
+            prompt: (0..1 + next(max_prompt)).map(|_| next(VOCAB) as u32).collect(),
+            max_new_tokens: 1 + next(max_new),
+            seed: 1000 + i as u32,
+        })
+        .collect()
+}
+
+fn run_all(s: &mut Scheduler<MockEngine>, reqs: &[Request]) -> HashMap<RequestId, Completion> {
+    let ids: Vec<RequestId> = reqs.iter().map(|r| s.submit(r.clone()).expect("submit")).collect();
+    let done = s.run_to_completion().expect("run");
+    assert_eq!(done.len(), ids.len());
+    done
+}
+
+#[test]
+fn mock_batched_equals_alone_with_preemption_and_blocks_returned() {
+    for (sampling, seeded) in
+        [(SamplingParams::GREEDY, false), (SamplingParams { temperature: 0.7, top_k: 0, top_p: 1.0 }, true)]
+    {
+        // 4 slots, blocks of 4 positions, 12 blocks: fewer than 4 long sequences need, so running
+        // sequences must be preempted to grow.
+        let reqs = random_requests(40, 7, 20, 20);
+        let mut s = sched(mock(4, 4, 12, 8), sampling);
+        let done = run_all(&mut s, &reqs);
+        for (id, r) in reqs.iter().enumerate() {
+            let c = &done[&(id as u64)];
+            let want = MockEngine::alone(&r.prompt, r.max_new_tokens, seeded.then_some(r.seed), VOCAB);
+            assert_eq!(c.tokens, want, "request {id}");
+            assert!(!c.cancelled);
+        }
+        assert!(s.preemptions() > 0, "the cache was meant to be too small for the batch");
+        let e = s.engine();
+        assert_eq!(e.free_blocks(), e.total_blocks(), "every block returned");
+        assert!(e.peak_blocks_used <= e.total_blocks());
+        assert!(e.step_rows.iter().all(|&r| r <= 8), "row budget");
+        assert!(s.is_idle());
+    }
+}
+
+#[test]
+fn admission_waits_when_the_cache_is_full() {
+    // 8 slots but 6 blocks of 8 positions: prompts of 10 need 2 blocks each, so 3 fit.
+    let mut s = sched(mock(8, 8, 6, 64), SamplingParams::GREEDY);
+    for i in 0..5 {
+        s.submit(Request { prompt: vec![i; 10], max_new_tokens: 3, seed: 0 }).expect("submit");
+    }
+    s.step().expect("step").expect("ran");
+    assert_eq!(s.running(), 3);
+    assert_eq!(s.waiting(), 2);
+    assert_eq!(s.engine().free_blocks(), 0);
+    let done = s.run_to_completion().expect("run");
+    assert_eq!(done.len(), 5);
+    assert_eq!(s.engine().free_blocks(), 6);
+}
+
+#[test]
+fn preemption_takes_the_newest_and_requeues_it_first() {
+    // Blocks of 2, 4 blocks, 2 slots: two prompts of 2 (1 block each) fill half; growing to 5
+    // positions each needs 3 blocks each: the newer is preempted.
+    let mut s = sched(mock(2, 2, 4, 16), SamplingParams::GREEDY);
+    let a = s.submit(Request { prompt: vec![1, 2], max_new_tokens: 5, seed: 0 }).expect("a");
+    let b = s.submit(Request { prompt: vec![3, 4], max_new_tokens: 5, seed: 0 }).expect("b");
+    let mut preempted = Vec::new();
+    let mut a_done_step = None;
+    let mut step = 0;
+    while !s.is_idle() {
+        let r = s.step().expect("step").expect("ran");
+        step += 1;
+        for ev in &r.events {
+            match *ev {
+                Event::Preempted { id } => preempted.push(id),
+                Event::Finished { id } if id == a => a_done_step = Some(step),
+                _ => {}
+            }
+        }
+        s.take_finished();
+    }
+    assert!(!preempted.is_empty());
+    assert!(preempted.iter().all(|&id| id == b), "only the newest is preempted: {preempted:?}");
+    assert!(a_done_step.is_some());
+    assert_eq!(s.engine().free_blocks(), 4);
+}
+
+#[test]
+fn no_starvation_fifo_admission() {
+    // A long request behind short ones, with short ones arriving every step: it must still be
+    // admitted (the queue head blocks later requests) and finish.
+    let mut s = sched(mock(4, 4, 8, 16), SamplingParams::GREEDY);
+    for i in 0..3 {
+        s.submit(Request { prompt: vec![i; 4], max_new_tokens: 8, seed: 0 }).expect("short");
+    }
+    let long = s.submit(Request { prompt: vec![9; 20], max_new_tokens: 8, seed: 0 }).expect("long");
+    let mut finished_long = false;
+    for step in 0..400 {
+        if step % 2 == 0 {
+            s.submit(Request { prompt: vec![5; 4], max_new_tokens: 4, seed: 0 }).expect("short");
+        }
+        s.step().expect("step");
+        if s.take_finished().iter().any(|c| c.id == long) {
+            finished_long = true;
+            break;
+        }
+    }
+    assert!(finished_long, "the long request starved");
+}
+
+#[test]
+fn cancellation_of_waiting_and_running() {
+    let mut s = sched(mock(1, 4, 4, 16), SamplingParams::GREEDY);
+    let a = s.submit(Request { prompt: vec![1; 3], max_new_tokens: 10, seed: 0 }).expect("a");
+    let b = s.submit(Request { prompt: vec![2; 3], max_new_tokens: 10, seed: 0 }).expect("b");
+    s.step().expect("step");
+    s.step().expect("step");
+    assert_eq!((s.running(), s.waiting()), (1, 1));
+    assert!(s.cancel(b), "waiting");
+    assert!(s.cancel(a), "running");
+    assert!(!s.cancel(a), "already gone");
+    assert!(s.is_idle());
+    assert_eq!(s.engine().free_blocks(), 4);
+    let done = s.take_finished();
+    assert_eq!(done.len(), 2);
+    assert!(done.iter().all(|c| c.cancelled));
+    let ca = done.iter().find(|c| c.id == a).expect("a");
+    assert_eq!(ca.tokens.len(), 2, "two steps: a prefill token and a decode token");
+    assert_eq!(ca.tokens, MockEngine::alone(&[1; 3], 2, None, VOCAB));
+    // The scheduler still works afterwards.
+    let c = s.submit(Request { prompt: vec![3; 3], max_new_tokens: 2, seed: 0 }).expect("c");
+    let done = s.run_to_completion().expect("run");
+    assert_eq!(done[&c].tokens, MockEngine::alone(&[3; 3], 2, None, VOCAB));
+}
+
+#[test]
+fn decode_rows_first_while_a_long_prompt_prefills() {
+    // Budget 6 rows: a decoding sequence gets a token every step while a 40-token prompt is
+    // prefilled in chunks beside it.
+    let mut s = sched(mock(2, 8, 16, 6), SamplingParams::GREEDY);
+    let a = s.submit(Request { prompt: vec![1; 2], max_new_tokens: 20, seed: 0 }).expect("a");
+    s.step().expect("prefill a");
+    let b = s
+        .submit(Request { prompt: (0..40).map(|i| i % VOCAB as u32).collect(), max_new_tokens: 2, seed: 0 })
+        .expect("b");
+    let mut b_first = None;
+    for step in 0..12 {
+        let r = s.step().expect("step").expect("ran");
+        assert!(r.rows() <= 6);
+        assert!(
+            r.events.iter().any(|e| matches!(e, Event::Token { id, .. } if *id == a)),
+            "a got no token in step {step}"
+        );
+        if r.events.iter().any(|e| matches!(e, Event::Token { id, index: 0, .. } if *id == b)) {
+            b_first = Some(step);
+            break;
+        }
+    }
+    // 40 rows at 5 per step (one row is a's decode row): the 8th step.
+    assert_eq!(b_first, Some(7));
+}
+
+#[test]
+fn refused_requests_are_typed_errors() {
+    let mut s = sched(mock(2, 4, 3, 8), SamplingParams::GREEDY);
+    let r = |prompt: Vec<u32>, n: usize| Request { prompt, max_new_tokens: n, seed: 0 };
+    assert!(matches!(s.submit(r(vec![], 1)), Err(EngineError::EmptyPrompt { .. })));
+    assert!(matches!(s.submit(r(vec![1], 0)), Err(EngineError::NoNewTokens { .. })));
+    assert!(matches!(
+        s.submit(r(vec![1, 99], 1)),
+        Err(EngineError::TokenOutOfRange { index: 1, token: 99, .. })
+    ));
+    assert!(matches!(s.submit(r(vec![1; 60], 10)), Err(EngineError::TooLong { needed: 69, .. })));
+    // 13 positions need 4 blocks of 4; the cache has 3.
+    assert!(matches!(s.submit(r(vec![1; 10], 4)), Err(EngineError::NeverFits { needed: 4, total: 3, .. })));
+    // 12 positions fit exactly: prompt 10 + 3 new (the last token is never stored).
+    let id = s.submit(r(vec![1; 10], 3)).expect("fits");
+    let done = s.run_to_completion().expect("run");
+    assert_eq!(done[&id].tokens.len(), 3);
+    assert!(s.is_idle());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Real models
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/parity/fixtures").join(name)
+}
+
+/// A block-accounting layer over an engine with a contiguous cache: blocks of `block_size`
+/// positions, `total` of them, so the real model is driven through admission waits and
+/// preemptions (recomputing prompt + generated tokens).
+struct Paged<E> {
+    inner: E,
+    block_size: usize,
+    total: usize,
+    held: Vec<usize>,
+}
+
+impl<E: StepEngine> StepEngine for Paged<E> {
+    fn step(&mut self, rows: &[Row], last: &[u32], s: (&SamplingParams, &[u32], &[u32])) -> Result<Vec<u32>> {
+        for r in rows {
+            assert!((r.pos as usize) < self.reserved_len(r.slot as usize), "row beyond its reservation");
+        }
+        self.inner.step(rows, last, s)
+    }
+    fn reserve(&mut self, slot: usize, len: usize) -> Result<()> {
+        let needed = blocks_for(len, self.block_size).saturating_sub(self.held[slot]);
+        if needed > self.free_blocks() {
+            return Err(EngineError::OutOfBlocks { slot, needed, free: self.free_blocks() });
+        }
+        self.inner.reserve(slot, len)?;
+        self.held[slot] += needed;
+        Ok(())
+    }
+    fn release(&mut self, slot: usize) {
+        self.held[slot] = 0;
+        self.inner.release(slot);
+    }
+    fn reserved_len(&self, slot: usize) -> usize {
+        (self.held[slot] * self.block_size).min(self.inner.reserved_len(slot))
+    }
+    fn free_blocks(&self) -> usize {
+        self.total - self.held.iter().sum::<usize>()
+    }
+    fn total_blocks(&self) -> usize {
+        self.total
+    }
+    fn block_size(&self) -> usize {
+        self.block_size
+    }
+    fn max_batch(&self) -> usize {
+        self.inner.max_batch()
+    }
+    fn max_step_rows(&self) -> usize {
+        self.inner.max_step_rows()
+    }
+    fn capacity(&self) -> usize {
+        self.inner.capacity()
+    }
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+}
+
+fn session_opts(max_batch: usize, capacity: usize, rows: usize) -> SessionOptions {
+    #[allow(clippy::needless_update)] // The paged session adds fields.
+    SessionOptions {
+        max_batch,
+        capacity,
+        cache_dtype: DType::F32,
+        max_prefill_rows: rows,
+        ..SessionOptions::default()
+    }
+}
+
+/// Every request through the scheduler (3 slots, 5 rows per step; with `blocks`, a paged layer of
+/// blocks of 4) against `Session::generate` of the request alone.
+fn batched_equals_alone<B: Backend>(backend: B, name: &str, sampling: SamplingParams, blocks: Option<usize>)
+where
+    B::Storage: 'static,
+{
+    let model = Model::load(backend, &fixture(name), |_, _| {}).expect("load");
+    let vocab = model.config.vocab_size;
+    let mut reqs = random_requests(10, 11, 14, 10);
+    for r in &mut reqs {
+        for t in &mut r.prompt {
+            *t = (*t * 5 + 3) % vocab as u32;
+        }
+    }
+    let mut alone = Session::new(&model, session_opts(1, 32, 512)).expect("session");
+    let want: Vec<Vec<u32>> = reqs
+        .iter()
+        .map(|r| {
+            let opts = GenerateOptions {
+                max_new_tokens: r.max_new_tokens,
+                sampling,
+                seed: r.seed,
+                ..Default::default()
+            };
+            alone.generate(std::slice::from_ref(&r.prompt), &opts).expect("alone").tokens.remove(0)
+        })
+        .collect();
+    drop(alone);
+    let engine = SessionEngine::new(Session::new(&model, session_opts(3, 32, 5)).expect("session"), vocab);
+    let config = SchedulerConfig { sampling, max_step_rows: None };
+    let got = match blocks {
+        None => {
+            let mut s = Scheduler::new(engine, config).expect("scheduler");
+            for r in &reqs {
+                s.submit(r.clone()).expect("submit");
+            }
+            let done = s.run_to_completion().expect("run");
+            assert_eq!(s.engine().free_blocks(), s.engine().total_blocks());
+            done
+        }
+        Some(total) => {
+            let paged = Paged { inner: engine, block_size: 4, total, held: vec![0; 3] };
+            let mut s = Scheduler::new(paged, config).expect("scheduler");
+            for r in &reqs {
+                s.submit(r.clone()).expect("submit");
+            }
+            let done = s.run_to_completion().expect("run");
+            assert!(s.preemptions() > 0, "{total} blocks were meant to force preemptions");
+            assert_eq!(s.engine().free_blocks(), total);
+            done
+        }
+    };
+    for (i, w) in want.iter().enumerate() {
+        assert_eq!(&got[&(i as u64)].tokens, w, "{name}: request {i}");
+    }
+}
+
+#[test]
+fn greedy_batched_equals_alone_reference_backend() {
+    for name in ["llama31_gqa_bf16", "mixtral_top2_bf16"] {
+        batched_equals_alone(memwall::runtime::cpu::Reference, name, SamplingParams::GREEDY, None);
+    }
+}
+
+#[test]
+fn greedy_batched_equals_alone_through_preemptions() {
+    // 7 blocks of 4 positions for 3 slots of up to 24 positions: sequences wait and are preempted.
+    batched_equals_alone(memwall::runtime::cpu::Reference, "llama_tied_f32", SamplingParams::GREEDY, Some(7));
+}
+
+#[test]
+fn sampled_batched_equals_alone_fast_backend() {
+    let sampling = SamplingParams { temperature: 0.9, top_k: 20, top_p: 0.95 };
+    batched_equals_alone(memwall::default_backend(), "llama_mha_f16", sampling, None);
+}
+
+/// Thousands of short requests through the Server scenario (Poisson arrivals on the engine clock)
+/// on the fast CPU backend: every block back after each run, nothing left queued, and the
+/// scheduler's collections do not grow from one run to the next.
+#[test]
+fn soak_server_thousands_of_short_requests() {
+    let model = Model::load(memwall::default_backend(), &fixture("llama_tied_f32"), |_, _| {}).expect("load");
+    let vocab = model.config.vocab_size;
+    let engine = SessionEngine::new(Session::new(&model, session_opts(8, 8, 16)).expect("session"), vocab);
+    let mut s = Scheduler::new(engine, SchedulerConfig::default()).expect("scheduler");
+    let (input, output) = (requests::LenDist { min: 1, max: 4 }, requests::LenDist { min: 1, max: 4 });
+    let mut footprints = Vec::new();
+    let mut total = 0;
+    for round in 0..3u64 {
+        let queries = requests::synthetic(1000, input, output, vocab, round).expect("queries");
+        let arrivals = requests::poisson_arrivals(queries.len(), 5000.0, round);
+        let summary = scenario::drive(&mut s, &queries, &Arrivals::At(arrivals), 0, |_| {}).expect("drive");
+        assert_eq!(summary.queries, 1000);
+        assert_eq!(summary.output_tokens, queries.iter().map(|q| q.max_new_tokens).sum::<usize>());
+        total += summary.queries;
+        assert!(s.is_idle());
+        assert_eq!(s.engine().free_blocks(), s.engine().total_blocks(), "round {round}: blocks leaked");
+        footprints.push(s.footprint());
+    }
+    assert_eq!(total, 3000);
+    for f in &footprints {
+        assert_eq!((f.waiting, f.running, f.finished), (0, 0, 0));
+    }
+    // Capacities settle after the first round: later rounds reuse the buffers (a queue that
+    // kept growing would at least double its allocation).
+    assert!(footprints[2].capacity < 2 * footprints[0].capacity, "{footprints:?}");
+}
