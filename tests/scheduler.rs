@@ -222,64 +222,7 @@ fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/parity/fixtures").join(name)
 }
 
-/// A block-accounting layer over an engine with a contiguous cache: blocks of `block_size`
-/// positions, `total` of them, so the real model is driven through admission waits and
-/// preemptions (recomputing prompt + generated tokens).
-struct Paged<E> {
-    inner: E,
-    block_size: usize,
-    total: usize,
-    held: Vec<usize>,
-}
-
-impl<E: StepEngine> StepEngine for Paged<E> {
-    fn step(&mut self, rows: &[Row], last: &[u32], s: (&SamplingParams, &[u32], &[u32])) -> Result<Vec<u32>> {
-        for r in rows {
-            assert!((r.pos as usize) < self.reserved_len(r.slot as usize), "row beyond its reservation");
-        }
-        self.inner.step(rows, last, s)
-    }
-    fn reserve(&mut self, slot: usize, len: usize) -> Result<()> {
-        let needed = blocks_for(len, self.block_size).saturating_sub(self.held[slot]);
-        if needed > self.free_blocks() {
-            return Err(EngineError::OutOfBlocks { slot, needed, free: self.free_blocks() });
-        }
-        self.inner.reserve(slot, len)?;
-        self.held[slot] += needed;
-        Ok(())
-    }
-    fn release(&mut self, slot: usize) {
-        self.held[slot] = 0;
-        self.inner.release(slot);
-    }
-    fn reserved_len(&self, slot: usize) -> usize {
-        (self.held[slot] * self.block_size).min(self.inner.reserved_len(slot))
-    }
-    fn free_blocks(&self) -> usize {
-        self.total - self.held.iter().sum::<usize>()
-    }
-    fn total_blocks(&self) -> usize {
-        self.total
-    }
-    fn block_size(&self) -> usize {
-        self.block_size
-    }
-    fn max_batch(&self) -> usize {
-        self.inner.max_batch()
-    }
-    fn max_step_rows(&self) -> usize {
-        self.inner.max_step_rows()
-    }
-    fn capacity(&self) -> usize {
-        self.inner.capacity()
-    }
-    fn vocab_size(&self) -> usize {
-        self.inner.vocab_size()
-    }
-}
-
 fn session_opts(max_batch: usize, capacity: usize, rows: usize) -> SessionOptions {
-    #[allow(clippy::needless_update)] // The paged session adds fields.
     SessionOptions {
         max_batch,
         capacity,
@@ -289,8 +232,8 @@ fn session_opts(max_batch: usize, capacity: usize, rows: usize) -> SessionOption
     }
 }
 
-/// Every request through the scheduler (3 slots, 5 rows per step; with `blocks`, a paged layer of
-/// blocks of 4) against `Session::generate` of the request alone.
+/// Every request through the scheduler (3 slots, 5 rows per step; with `blocks`, a pool of that
+/// many KV blocks of 4 positions) against `Session::generate` of the request alone.
 fn batched_equals_alone<B: Backend>(backend: B, name: &str, sampling: SamplingParams, blocks: Option<usize>)
 where
     B::Storage: 'static,
@@ -317,30 +260,22 @@ where
         })
         .collect();
     drop(alone);
-    let engine = SessionEngine::new(Session::new(&model, session_opts(3, 32, 5)).expect("session"), vocab);
+    let mut opts = session_opts(3, 32, 5);
+    if let Some(total) = blocks {
+        (opts.block_size, opts.num_blocks) = (4, total);
+    }
+    let engine = SessionEngine::new(Session::new(&model, opts).expect("session"), vocab);
     let config = SchedulerConfig { sampling, max_step_rows: None };
-    let got = match blocks {
-        None => {
-            let mut s = Scheduler::new(engine, config).expect("scheduler");
-            for r in &reqs {
-                s.submit(r.clone()).expect("submit");
-            }
-            let done = s.run_to_completion().expect("run");
-            assert_eq!(s.engine().free_blocks(), s.engine().total_blocks());
-            done
-        }
-        Some(total) => {
-            let paged = Paged { inner: engine, block_size: 4, total, held: vec![0; 3] };
-            let mut s = Scheduler::new(paged, config).expect("scheduler");
-            for r in &reqs {
-                s.submit(r.clone()).expect("submit");
-            }
-            let done = s.run_to_completion().expect("run");
-            assert!(s.preemptions() > 0, "{total} blocks were meant to force preemptions");
-            assert_eq!(s.engine().free_blocks(), total);
-            done
-        }
-    };
+    let mut s = Scheduler::new(engine, config).expect("scheduler");
+    for r in &reqs {
+        s.submit(r.clone()).expect("submit");
+    }
+    let got = s.run_to_completion().expect("run");
+    if let Some(total) = blocks {
+        assert!(s.preemptions() > 0, "{total} blocks were meant to force preemptions");
+        assert_eq!(s.engine().total_blocks(), total);
+    }
+    assert_eq!(s.engine().free_blocks(), s.engine().total_blocks(), "blocks leaked");
     for (i, w) in want.iter().enumerate() {
         assert_eq!(&got[&(i as u64)].tokens, w, "{name}: request {i}");
     }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use memwall::engine::{SchedulerConfig, SessionEngine, StepEngine};
+use memwall::model::session::DEFAULT_BLOCK_SIZE;
 use memwall::model::{Session, SessionOptions};
 use memwall::runtime::{Backend, DType, SamplingParams};
 use memwall::scenario::predict::{self, Prediction};
@@ -61,6 +62,13 @@ pub struct ScenarioArgs {
     /// Rows per step (decode rows first, then prefill chunks).
     #[arg(long, default_value_t = 64)]
     max_step_rows: usize,
+    /// Positions per KV cache block.
+    #[arg(long, default_value_t = DEFAULT_BLOCK_SIZE)]
+    block_size: usize,
+    /// Blocks in the KV cache pool; 0 (the default): enough for every slot at the longest query.
+    /// Fewer makes queries wait for blocks, and running ones be preempted (newest first).
+    #[arg(long, default_value_t = 0)]
+    kv_blocks: usize,
     /// Server p99 time-to-first-token limit, ms (default: MLPerf's 2000).
     #[arg(long)]
     ttft_limit_ms: Option<f64>,
@@ -201,17 +209,17 @@ where
             )
         }
     };
-    if args.slots == 0 || args.max_step_rows == 0 {
-        return Err("--slots and --max-step-rows must be at least 1".into());
+    if args.slots == 0 || args.max_step_rows == 0 || args.block_size == 0 {
+        return Err("--slots, --max-step-rows and --block-size must be at least 1".into());
     }
     let capacity = queries.iter().map(|q| q.input_ids.len() + q.max_new_tokens).max().unwrap_or(1);
-    #[allow(clippy::needless_update)] // The paged session adds block_size and num_blocks.
     let options = SessionOptions {
         max_batch: args.slots,
         capacity,
         cache_dtype: DType::F32,
         max_prefill_rows: args.max_step_rows,
-        ..SessionOptions::default()
+        block_size: args.block_size,
+        num_blocks: args.kv_blocks,
     };
     let session = Session::new(&model, options)?;
     let mut engine = SessionEngine::new(session, config.vocab_size);
