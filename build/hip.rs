@@ -115,9 +115,10 @@ fn complete_device_libs(libs: &Path, archs: &[String], llvm_bin: &Path, out: &Pa
         .output()
         .unwrap_or_else(|e| panic!("running {}/llvm-dis: {e}", llvm_bin.display()));
     let abi = String::from_utf8_lossy(&abi.stdout).into_owned();
-    let layout = abi.lines().find(|l| l.starts_with("target datalayout")).unwrap_or_else(|| {
-        panic!("no data layout in {}", libs.join("oclc_abi_version_500.bc").display())
-    });
+    let layout = abi
+        .lines()
+        .find(|l| l.starts_with("target datalayout"))
+        .unwrap_or_else(|| panic!("no data layout in {}", libs.join("oclc_abi_version_500.bc").display()));
     for (id, version) in missing {
         let ll = dir.join(format!("oclc_isa_version_{id}.ll"));
         fs::write(
@@ -262,7 +263,8 @@ pub fn run(root: &Path, out: &Path) {
             !name.starts_with("selftest") && !HIP_LEFT_OUT.iter().any(|(n, _)| *n == name)
         })
         .collect();
-    let jobs: Vec<(&PathBuf, &String)> = files.iter().flat_map(|f| archs.iter().map(move |a| (f, a))).collect();
+    let jobs: Vec<(&PathBuf, &String)> =
+        files.iter().flat_map(|f| archs.iter().map(move |a| (f, a))).collect();
     // Two at a time (the CI machines have two cores), each thread taking the next job.
     let next = std::sync::atomic::AtomicUsize::new(0);
     let results: Vec<Result<Built, String>> = std::thread::scope(|s| {
@@ -290,7 +292,10 @@ pub fn run(root: &Path, out: &Path) {
         .flat_map(|b| b.kernels.iter().map(move |k| (b, k)))
         .filter(|(_, (_, private, vgpr_spills, dynamic))| *private > 0 || *vgpr_spills > 0 || *dynamic)
         .map(|(b, (k, private, vgpr_spills, dynamic))| {
-            format!("{k} ({}): {private} bytes of scratch, {vgpr_spills} VGPR spills, dynamic stack {dynamic}", b.arch)
+            format!(
+                "{k} ({}): {private} bytes of scratch, {vgpr_spills} VGPR spills, dynamic stack {dynamic}",
+                b.arch
+            )
         })
         .collect();
     if !scratch.is_empty() {
@@ -308,7 +313,10 @@ pub fn run(root: &Path, out: &Path) {
     }
     code.push_str("];\n");
     code.push_str(&format!("pub const HIP_CLANG: Option<&str> = Some({:?});\n", clang.display().to_string()));
-    code.push_str(&format!("pub const HIP_LLVM_BIN: Option<&str> = Some({:?});\n", llvm_bin.display().to_string()));
+    code.push_str(&format!(
+        "pub const HIP_LLVM_BIN: Option<&str> = Some({:?});\n",
+        llvm_bin.display().to_string()
+    ));
     code.push_str("pub const HIP_KERNELS: &[(&str, &str, &[&str])] = &[\n");
     for b in &built {
         let names: Vec<String> = b.kernels.iter().map(|(k, ..)| format!("{k:?}")).collect();
