@@ -2,11 +2,15 @@
 //! - `embed`: the sources themselves, for NVRTC at first use where no image was built;
 //! - `nvcc`: a fatbin per kernel file with SASS for every target and PTX for the newest, when nvcc
 //!   is found (never by probing the build machine's GPU);
+//! - `hip`: a code object per kernel file and AMD target (gfx90a, gfx942), when a HIP-capable
+//!   clang (17 or newer) and ROCm device libraries are found;
 //! - `simt` (feature `emulate`): the sources compiled as host C++ against `simt/`, linked in, so
 //!   the kernels run on the CPU in tests.
 
 #[path = "build/embed.rs"]
 mod embed;
+#[path = "build/hip.rs"]
+mod hip;
 #[path = "build/nvcc.rs"]
 mod nvcc;
 #[path = "build/simt.rs"]
@@ -20,5 +24,6 @@ fn main() {
     println!("cargo::rerun-if-changed=build");
     embed::run(&root, &out);
     nvcc::run(&root, &out);
+    hip::run(&root, &out);
     simt::run(&root, &out);
 }

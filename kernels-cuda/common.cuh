@@ -1,11 +1,13 @@
 // common.cuh: the one header every kernel file of kernels-cuda/ includes first.
 //
-// It makes one source compile three ways:
+// It makes one source compile four ways:
 // - nvcc (fatbins for every target, build.rs) and NVRTC (at first use, when no nvcc was found at
 //   build time): the CUDA built-ins are native;
 // - host C++ with MEMWALL_SIMT defined (the `emulate` feature): simt/simt.h supplies the built-ins
 //   (threadIdx, __syncthreads, warp shuffles, atomics, ...) and runs each block's threads as
-//   fibers, so CI runs these kernels without a GPU.
+//   fibers, so CI runs these kernels without a GPU;
+// - HIP (clang -x hip, __HIP__ defined: build/hip.rs): kernels-hip/hip.h, the vendor header, maps
+//   the CUDA warp intrinsics onto the wavefront and sets MW_WARP to its width (64 on CDNA).
 //
 // It defines:
 // - MW_KERNEL(name, Params) / MW_KERNEL_BOUNDS(name, Params, max_threads): a kernel taking its
@@ -22,6 +24,8 @@
 
 #if defined(MEMWALL_SIMT)
 #include "../simt/simt.h"
+#elif defined(__HIP__)
+#include "../kernels-hip/hip.h"
 #elif defined(__CUDACC_RTC__)
 // NVRTC has no C library headers.
 typedef unsigned char uint8_t;

@@ -42,4 +42,20 @@ cu13=.tools/cuda/nvidia/cu13
 if [[ "${MEMWALL_NVCC:-1}" != 0 && ! ( -x $cu13/bin/nvcc && -e $cu13/lib/libnvrtc.so.13 ) ]]; then
   python3 -m pip install --quiet --disable-pip-version-check --no-deps --upgrade --target .tools/cuda "${CUDA_PINS[@]}"
 fi
+# HIP (AMD MI250 / MI300X) from Debian: clang 19 with lld and the LLVM tools (gfx942 needs clang
+# 17 or newer; bookworm's hipcc 5.2 drives clang 15, so build/hip.rs calls clang-19 directly),
+# the HIP headers (libamdhip64-dev) and the device libraries (rocm-device-libs). build/hip.rs
+# then compiles the kernels into code objects for gfx90a and gfx942, failing on errors, warnings
+# and scratch use. MEMWALL_HIP=0 skips the install and the code objects.
+if [[ "${MEMWALL_HIP:-1}" != 0 ]] && ! ( [[ -x /usr/lib/llvm-19/bin/clang++ && -x /usr/lib/llvm-19/bin/ld.lld \
+  && -x /usr/lib/llvm-19/bin/llvm-objdump && -e /usr/include/hip/hip_runtime.h \
+  && -e /usr/lib/x86_64-linux-gnu/amdgcn/bitcode/ocml.bc ]] ); then
+  if command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      clang-19 lld-19 llvm-19 libamdhip64-dev rocm-device-libs
+  else
+    echo "setup: no apt-get; install clang 19, lld, llvm, the HIP headers and ROCm device libs, or set MEMWALL_HIP=0" >&2
+    exit 1
+  fi
+fi
 cargo fetch --locked

@@ -13,6 +13,11 @@ if [[ "${MEMWALL_NVCC:-1}" != 0 ]]; then
   export MEMWALL_REQUIRE_NVCC=1 MEMWALL_REQUIRE_NVRTC=1
   export LD_LIBRARY_PATH="$PWD/.tools/cuda/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
+# setup.sh installed clang 19 and the HIP headers (unless MEMWALL_HIP=0): the code objects must
+# then exist (tests/hip_build.rs).
+if [[ "${MEMWALL_HIP:-1}" != 0 ]]; then
+  export MEMWALL_REQUIRE_HIPCC=1
+fi
 # `cuda` builds the CUDA backend too (cudarc, loaded at run time): its GPU suites are #[ignore]d
 # here, its host-side paths (NVRTC, no-device errors) run.
 cargo test --workspace --locked --features memwall/emulate,memwall/cuda "$@"

@@ -18,13 +18,16 @@ pub mod wall;
 
 pub mod kernels {
     //! What `build.rs` embedded: the kernel sources (for NVRTC at first use), the fatbins nvcc
-    //! compiled when it was found, and, under the `emulate` feature, the kernels compiled as host
+    //! compiled when it was found, the HIP code objects clang compiled when it was found, and, under the `emulate` feature, the kernels compiled as host
     //! C++ against the SIMT layer.
 
     pub use memwall_runtime::gpu::{KernelImage, KernelSource};
 
     include!(concat!(env!("OUT_DIR"), "/kernel_sources.rs"));
     include!(concat!(env!("OUT_DIR"), "/cuda_fatbins.rs"));
+    // HIP_CODE_OBJECTS: one AMD GPU code object (ELF) per kernel file and target (`targets` holds
+    // that one gfx target), compiled by build/hip.rs where a HIP-capable clang was found.
+    include!(concat!(env!("OUT_DIR"), "/hip_code_objects.rs"));
     #[cfg(feature = "emulate")]
     include!(concat!(env!("OUT_DIR"), "/simt_build.rs"));
 
