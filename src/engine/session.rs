@@ -1,8 +1,8 @@
 //! [`StepEngine`] over `model::Session` and its paged KV cache: every block call delegates to the
 //! session's block pool, and a step at an unreserved position is refused by the session itself.
 
-use memwall_model::{ModelError, Session};
 use memwall_model::session::Row;
+use memwall_model::{ModelError, Session};
 use memwall_runtime::{Backend, SamplingParams};
 
 use super::{EngineError, Result, StepEngine};
@@ -40,9 +40,7 @@ impl<B: Backend> StepEngine for SessionEngine<'_, B> {
     fn reserve(&mut self, slot: usize, len: usize) -> Result<()> {
         self.session.reserve(slot, len).map_err(|e| match e {
             // The scheduler's preemption policy acts on this one.
-            ModelError::OutOfBlocks { slot, needed, free } => {
-                EngineError::OutOfBlocks { slot, needed, free }
-            }
+            ModelError::OutOfBlocks { slot, needed, free } => EngineError::OutOfBlocks { slot, needed, free },
             e => e.into(),
         })
     }
