@@ -91,10 +91,10 @@ fn kernels_metadata(notes: &str) -> Vec<Vec<(String, String)>> {
         if line.starts_with("  - ") {
             out.push(Vec::new());
         }
-        if let Some(field) = line.strip_prefix("    .").or_else(|| line.strip_prefix("  - .")) {
-            if let (Some((k, v)), Some(last)) = (field.split_once(':'), out.last_mut()) {
-                last.push((k.to_string(), v.trim().to_string()));
-            }
+        if let Some(field) = line.strip_prefix("    .").or_else(|| line.strip_prefix("  - ."))
+            && let (Some((k, v)), Some(last)) = (field.split_once(':'), out.last_mut())
+        {
+            last.push((k.to_string(), v.trim().to_string()));
         }
     }
     out

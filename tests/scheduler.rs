@@ -9,10 +9,8 @@ use std::path::{Path, PathBuf};
 
 use memwall::engine::mock::{MockConfig, MockEngine};
 use memwall::engine::{
-    Completion, EngineError, Event, Request, RequestId, Result, Scheduler, SchedulerConfig, SessionEngine,
-    StepEngine, blocks_for,
+    Completion, EngineError, Event, Request, RequestId, Scheduler, SchedulerConfig, SessionEngine, StepEngine,
 };
-use memwall::model::session::Row;
 use memwall::model::{GenerateOptions, Model, Session, SessionOptions};
 use memwall::runtime::{Backend, DType, SamplingParams};
 use memwall::scenario::{self, Arrivals, requests};
