@@ -11,13 +11,7 @@ use memwall::kernels::{CUDA_FATBINS, CUDA_KERNELS, CUDA_NVCC};
 use memwall::runtime::gpu::ops;
 
 fn launcher_kernels() -> Vec<&'static str> {
-    let mut names = ops::elementwise::kernel_names();
-    names.extend(ops::rows::kernel_names());
-    names.extend(ops::attention::kernel_names());
-    names.extend(ops::linear::kernel_names());
-    names.extend(ops::select::kernel_names());
-    names.extend(ops::stream::kernel_names());
-    names
+    ops::kernel_names()
 }
 
 fn built() -> bool {

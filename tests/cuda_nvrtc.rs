@@ -15,13 +15,7 @@ use memwall::kernels::{CUDA_KERNELS, CUDA_NVCC, CUDA_SOURCES};
 use memwall::runtime::gpu::{cuda, nvrtc, ops};
 
 fn launcher_kernels() -> Vec<&'static str> {
-    let mut names = ops::elementwise::kernel_names();
-    names.extend(ops::rows::kernel_names());
-    names.extend(ops::attention::kernel_names());
-    names.extend(ops::linear::kernel_names());
-    names.extend(ops::select::kernel_names());
-    names.extend(ops::stream::kernel_names());
-    names
+    ops::kernel_names()
 }
 
 /// Whether a cubin's symbol table names `kernel` (symbol names are NUL-separated in the ELF

@@ -23,12 +23,7 @@ use memwall::runtime::gpu::ops;
 const GEMV_UNROLL: usize = 4;
 
 fn launcher_kernels() -> Vec<&'static str> {
-    let mut names = ops::elementwise::kernel_names();
-    names.extend(ops::rows::kernel_names());
-    names.extend(ops::attention::kernel_names());
-    names.extend(ops::linear::kernel_names());
-    names.extend(ops::select::kernel_names());
-    names.extend(ops::stream::kernel_names());
+    let mut names = ops::kernel_names();
     // gemm_tc.cu is in build/hip.rs's HIP_LEFT_OUT (NVIDIA mma.sync fragments; no MFMA version yet).
     names.retain(|n| !n.starts_with("gemm_tc_"));
     names

@@ -49,6 +49,18 @@ impl ParamsLayout {
     }
 }
 
+/// Every kernel some launcher of this module can launch (each module's `kernel_names`), the list
+/// the build tests look up in every compiled image.
+pub fn kernel_names() -> Vec<&'static str> {
+    let mut names = elementwise::kernel_names();
+    names.extend(rows::kernel_names());
+    names.extend(attention::kernel_names());
+    names.extend(linear::kernel_names());
+    names.extend(select::kernel_names());
+    names.extend(stream::kernel_names());
+    names
+}
+
 /// The size of the field a projection `|s: &S| &s.f` reaches.
 #[doc(hidden)]
 pub fn field_size<S, F>(_: fn(&S) -> &F) -> usize {
