@@ -20,7 +20,7 @@ use std::fmt::Debug;
 use common::gpu::linear_to_backend;
 use common::{Rng, *};
 use memwall_runtime::cpu::Reference;
-use memwall_runtime::gpu::DeviceInfo;
+use memwall_runtime::gpu::{DeviceInfo, Vendor};
 use memwall_runtime::gpu::ops::gemm::{GemmPath, gemm_path};
 use memwall_runtime::ops::LinearDims;
 use memwall_runtime::{Backend, DType, HostStorage, Linear, WeightScale};
@@ -128,6 +128,7 @@ fn path(c: &Case) -> Option<GemmPath> {
     };
     let mma = DeviceInfo {
         name: "sm_80".into(),
+        vendor: Vendor::Nvidia,
         arch: (8, 0),
         warp_size: 32,
         sm_count: 108,

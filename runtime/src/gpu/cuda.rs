@@ -312,6 +312,7 @@ fn query_info(ctx: &Arc<CudaContext>) -> Result<DeviceInfo> {
     let (major, minor) = ctx.compute_capability().map_err(|e| driver("reading the compute capability", e))?;
     Ok(DeviceInfo {
         name: ctx.name().map_err(|e| driver("reading the device name", e))?,
+        vendor: super::Vendor::Nvidia,
         arch: (major.max(0) as u32, minor.max(0) as u32),
         warp_size: attr(CU_DEVICE_ATTRIBUTE_WARP_SIZE)?,
         sm_count: attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,

@@ -158,6 +158,7 @@ impl EmuDevice {
         let warp_size = image.warp();
         let info = DeviceInfo {
             name: format!("simt {} (host emulation, warp {warp_size}, {schedule:?})", image.label),
+            vendor: super::Vendor::Simt,
             arch: (0, 0),
             warp_size,
             // Few "SMs", so grid heuristics produce several blocks at test shapes and

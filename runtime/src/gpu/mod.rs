@@ -62,12 +62,25 @@ impl LaunchCfg {
     }
 }
 
+/// Who built the device: decides what the kernels may use beyond the common set (mma.sync, the
+/// fp8 flavour the hardware converts).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Vendor {
+    Nvidia,
+    Amd,
+    /// The SIMT emulator (`emu`): its warp-32 image stands for an NVIDIA GPU with mma.sync, its
+    /// warp-64 image (the HIP build of the kernels) for an AMD CDNA3 GPU (MI300X).
+    Simt,
+}
+
 /// What the launch heuristics may know about a device.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceInfo {
     /// `NVIDIA H200`, `simt (host emulation, warp 32)`, ...
     pub name: String,
-    /// Compute capability (major, minor); (0, 0) for the emulator.
+    pub vendor: Vendor,
+    /// Compute capability (major, minor) on NVIDIA; the gfx major and minor on AMD (gfx942 is
+    /// (9, 4), gfx90a (9, 0)); (0, 0) for the emulator.
     pub arch: (u32, u32),
     /// Threads per warp (32 on NVIDIA, 64 on AMD CDNA).
     pub warp_size: u32,
@@ -81,6 +94,20 @@ pub struct DeviceInfo {
     pub max_grid: [u32; 3],
     /// Device memory in bytes.
     pub total_memory: u64,
+}
+
+impl DeviceInfo {
+    /// The e4m3 flavour the device's fp8 hardware reads: e4m3fnuz on AMD CDNA3 (gfx94x, MI300X)
+    /// and on the warp-64 emulator standing for it, e4m3fn everywhere else. A checkpoint in the
+    /// other flavour is converted at load (`memwall_model::weights`).
+    pub fn native_e4m3(&self) -> crate::DType {
+        let fnuz = match self.vendor {
+            Vendor::Amd => self.arch >= (9, 4) && self.arch < (10, 0),
+            Vendor::Simt => self.warp_size == 64,
+            Vendor::Nvidia => false,
+        };
+        if fnuz { crate::DType::F8E4M3Fnuz } else { crate::DType::F8E4M3Fn }
+    }
 }
 
 /// Memory and kernel launches of one device. All work is ordered on one stream.

@@ -4,7 +4,7 @@
 //! else the CUDA-core GEMM of `kernels-cuda/gemm.cu` (f32 weights, odd k, odd block scales, GPUs
 //! before sm_80).
 
-use super::super::{Device, DeviceInfo, Gpu, GpuStorage, LaunchCfg, dim};
+use super::super::{Device, DeviceInfo, Gpu, GpuStorage, LaunchCfg, Vendor, dim};
 use super::linear::launch_linear;
 use crate::ops::{Linear, LinearDims, WeightScale};
 use crate::{DType, Result, Tensor};
@@ -31,10 +31,15 @@ pub enum GemmPath {
     TensorCore,
 }
 
-/// Whether the device runs mma.sync m16n8k16 on bf16: sm_80 and newer, or the SIMT emulator
-/// (arch (0, 0)) at warp 32, which emulates it exactly.
+/// Whether the device runs mma.sync m16n8k16 on bf16: NVIDIA sm_80 and newer, or the SIMT
+/// emulator at warp 32, which emulates it exactly. Never an AMD GPU (gemm_tc.cu is not in the HIP
+/// images: build/hip.rs) nor the warp-64 emulator that stands for one.
 pub fn has_mma_bf16(info: &DeviceInfo) -> bool {
-    info.warp_size == 32 && (info.arch >= (8, 0) || info.arch == (0, 0))
+    match info.vendor {
+        Vendor::Nvidia => info.warp_size == 32 && info.arch >= (8, 0),
+        Vendor::Simt => info.warp_size == 32,
+        Vendor::Amd => false,
+    }
 }
 
 /// The GEMM kernel for `d` with a `weight` of this dtype and `blocks` = (block_rows, block_cols)
@@ -165,9 +170,14 @@ mod tests {
         assert_eq!(gemm_path(d, DType::BF16, None, &turing), CudaCore);
         let ampere = DeviceInfo { arch: (8, 0), ..h200.clone() };
         assert_eq!(gemm_path(d, DType::BF16, None, &ampere), TensorCore);
-        let emu = DeviceInfo { arch: (0, 0), ..h200.clone() };
+        let emu = DeviceInfo { arch: (0, 0), vendor: Vendor::Simt, ..h200.clone() };
         assert_eq!(gemm_path(d, DType::BF16, None, &emu), TensorCore);
-        let wave64 = DeviceInfo { arch: (0, 0), warp_size: 64, ..h200 };
+        let wave64 = DeviceInfo { warp_size: 64, ..emu };
         assert_eq!(gemm_path(d, DType::BF16, None, &wave64), CudaCore);
+        // An AMD GPU never takes mma.sync, whatever its arch numbers or wave size.
+        let mi300 = DeviceInfo { vendor: Vendor::Amd, arch: (9, 4), warp_size: 64, ..h200.clone() };
+        assert_eq!(gemm_path(d, DType::BF16, None, &mi300), CudaCore);
+        let amd32 = DeviceInfo { warp_size: 32, ..mi300 };
+        assert_eq!(gemm_path(d, DType::BF16, None, &amd32), CudaCore);
     }
 }

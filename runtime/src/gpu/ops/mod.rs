@@ -216,6 +216,7 @@ pub fn params_layouts() -> Vec<ParamsLayout> {
 pub(crate) fn test_h200() -> super::DeviceInfo {
     super::DeviceInfo {
         name: "H200".into(),
+        vendor: super::Vendor::Nvidia,
         arch: (9, 0),
         warp_size: 32,
         sm_count: 132,
