@@ -7,7 +7,9 @@
 //   (threadIdx, __syncthreads, warp shuffles, atomics, ...) and runs each block's threads as
 //   fibers, so CI runs these kernels without a GPU;
 // - HIP (clang -x hip, __HIP__ defined: build/hip.rs): kernels-hip/hip.h, the vendor header, maps
-//   the CUDA warp intrinsics onto the wavefront and sets MW_WARP to its width (64 on CDNA).
+//   the CUDA warp intrinsics onto the wavefront and sets MW_WARP to its width (64 on CDNA). The
+//   SIMT layer's HIP image (MEMWALL_SIMT_HIP, simt/image_hip.cpp) goes through hip.h too, over
+//   the layer's HIP built-ins at warp 64, so the HIP path's logic runs in CI.
 //
 // It defines:
 // - MW_KERNEL(name, Params) / MW_KERNEL_BOUNDS(name, Params, max_threads): a kernel taking its
@@ -22,9 +24,9 @@
 //   runtime/src/gpu/status.rs).
 #pragma once
 
-#if defined(MEMWALL_SIMT)
+#if defined(MEMWALL_SIMT) && !defined(MEMWALL_SIMT_HIP)
 #include "../simt/simt.h"
-#elif defined(__HIP__)
+#elif defined(__HIP__) || defined(MEMWALL_SIMT_HIP)
 #include "../kernels-hip/hip.h"
 #elif defined(__CUDACC_RTC__)
 // NVRTC has no C library headers.

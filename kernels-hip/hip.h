@@ -11,6 +11,8 @@
 //   relaxed atomic loads at agent scope, which the compiler emits as L1-bypassing (sc1 / glc)
 //   global loads on CDNA; the float4 flavour is four such loads (it reads split partials once
 //   per row, off the hot loop).
+// Under the `emulate` feature the same definitions are compiled for the SIMT layer's HIP image
+// (MEMWALL_SIMT_HIP: simt/image_hip.cpp), which runs them at warp 64 in the GPU test suites.
 // Everything else (threadIdx, __syncthreads, atomics, __ldg, __threadfence, the math functions)
 // is HIP's own, from the Debian HIP headers (libamdhip64-dev) and ROCm's device libraries.
 //
@@ -19,10 +21,19 @@
 // of the HIP images (build/hip.rs lists the files and why).
 #pragma once
 
+#if defined(MEMWALL_SIMT_HIP)
+// The SIMT layer's HIP image (simt/image_hip.cpp): simt/simt.h supplies HIP's built-ins (__shfl,
+// __shfl_xor, __ballot over 64 lanes, __hip_atomic_load) in place of the HIP headers, and the
+// definitions below run on the CPU exactly as written.
+#define MW_WARP 64
+#include "../simt/simt.h"
+#else
 #include <hip/hip_runtime.h>
+#endif
 #include <stdint.h>
 
-#if defined(__HIP_DEVICE_COMPILE__)
+#if defined(MEMWALL_SIMT_HIP)
+#elif defined(__HIP_DEVICE_COMPILE__)
 #if !defined(__AMDGCN_WAVEFRONT_SIZE__)
 #error "HIP device compile without __AMDGCN_WAVEFRONT_SIZE__: an unknown clang"
 #endif

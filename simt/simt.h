@@ -527,11 +527,35 @@ struct LayoutRegistrar {
 #define __syncthreads_and ::mw_simt::syncthreads_and
 #define __syncthreads_or ::mw_simt::syncthreads_or
 #define __syncwarp ::mw_simt::syncwarp
+#if defined(MEMWALL_SIMT_HIP)
+// The HIP image (image_hip.cpp): kernels-hip/hip.h maps the CUDA warp intrinsics the kernels call
+// onto HIP's wave-wide ones, as on an AMD GPU; these are HIP's, over the whole wavefront (HIP's
+// __shfl* take no mask: every lane of the wave that exists takes part).
+#define __shfl(var, src_lane, ...) ::mw_simt::shfl_sync(::mw_simt::kFullMask, (var), (src_lane) __VA_OPT__(,) __VA_ARGS__)
+#define __shfl_xor(var, lane_mask, ...) \
+    ::mw_simt::shfl_xor_sync(::mw_simt::kFullMask, (var), (lane_mask) __VA_OPT__(,) __VA_ARGS__)
+#define __shfl_up(var, delta, ...) ::mw_simt::shfl_up_sync(::mw_simt::kFullMask, (var), (delta) __VA_OPT__(,) __VA_ARGS__)
+#define __shfl_down(var, delta, ...) \
+    ::mw_simt::shfl_down_sync(::mw_simt::kFullMask, (var), (delta) __VA_OPT__(,) __VA_ARGS__)
+#define __ballot(pred) ::mw_simt::ballot_sync(::mw_simt::kFullMask, (pred))
+#define __HIP_MEMORY_SCOPE_AGENT 3
+// HIP's scoped atomic load: fibers never run at the same time, so a plain load is atomic; the
+// order and scope are checked to be the ones a kernel may pass.
+template <typename T>
+inline T __hip_atomic_load(const T* p, int order, int scope) {
+    if (order != __ATOMIC_RELAXED && order != __ATOMIC_ACQUIRE && order != __ATOMIC_SEQ_CST) {
+        ::mw_simt::fail("__hip_atomic_load: memory order %d", order);
+    }
+    if (scope != __HIP_MEMORY_SCOPE_AGENT) ::mw_simt::fail("__hip_atomic_load: scope %d", scope);
+    return *p;
+}
+#else
 #define __shfl_sync ::mw_simt::shfl_sync
 #define __shfl_up_sync ::mw_simt::shfl_up_sync
 #define __shfl_down_sync ::mw_simt::shfl_down_sync
 #define __shfl_xor_sync ::mw_simt::shfl_xor_sync
 #define __ballot_sync ::mw_simt::ballot_sync
+#endif
 #define __any_sync ::mw_simt::any_sync
 #define __all_sync ::mw_simt::all_sync
 #define __activemask ::mw_simt::activemask
@@ -594,7 +618,9 @@ struct LayoutRegistrar {
 #define __ll2float_rn ::mw_simt::ll2float_rn
 #define __ldg ::mw_simt::ldg
 #define __ldca ::mw_simt::ldg
+#if !defined(MEMWALL_SIMT_HIP)  // kernels-hip/hip.h defines it
 #define __ldcg ::mw_simt::ldg
+#endif
 #define __ldcs ::mw_simt::ldg
 #define __ldlu ::mw_simt::ldg
 #define __ldcv ::mw_simt::ldg

@@ -47,6 +47,23 @@ pub mod kernels {
         }
     }
 
+    /// The HIP build of the kernels (`kernels-hip/hip.h` over the SIMT layer at warp 64, the files
+    /// `build/hip.rs` compiles for AMD), for `runtime::gpu::emu::EmuDevice`: stands for an AMD
+    /// CDNA3 GPU (no mma.sync, e4m3fnuz native).
+    #[cfg(feature = "emulate")]
+    pub fn simt_hip() -> memwall_runtime::gpu::emu::SimtImage {
+        use simt_ffi::*;
+        memwall_runtime::gpu::emu::SimtImage {
+            label: "hip",
+            launch: memwall_simt_hip_launch,
+            warp_size: memwall_simt_hip_warp_size,
+            kernel_count: memwall_simt_hip_kernel_count,
+            kernel_name: memwall_simt_hip_kernel_name,
+            layout_count: memwall_simt_hip_layout_count,
+            layout: memwall_simt_hip_layout,
+        }
+    }
+
     /// The SIMT layer at warp 64 with only `kernels-cuda/selftest.cu`: tests its wave64 paths.
     #[cfg(feature = "emulate")]
     #[doc(hidden)]
@@ -107,6 +124,14 @@ pub mod kernels {
             memwall_simt_cuda_layout
         );
         simt_image_abi!(
+            memwall_simt_hip_launch,
+            memwall_simt_hip_warp_size,
+            memwall_simt_hip_kernel_count,
+            memwall_simt_hip_kernel_name,
+            memwall_simt_hip_layout_count,
+            memwall_simt_hip_layout
+        );
+        simt_image_abi!(
             memwall_simt_selftest64_launch,
             memwall_simt_selftest64_warp_size,
             memwall_simt_selftest64_kernel_count,
@@ -129,6 +154,15 @@ pub fn emulated_backend(
     schedule: runtime::gpu::emu::Schedule,
 ) -> runtime::Result<runtime::gpu::Gpu<runtime::gpu::emu::EmuDevice>> {
     runtime::gpu::Gpu::new(runtime::gpu::emu::EmuDevice::new(kernels::simt_cuda(), schedule))
+}
+
+/// The HIP build of the kernels (warp 64, through `kernels-hip/hip.h`) run on the CPU by the SIMT
+/// layer, under thread schedule `schedule`: the AMD path's logic without an AMD GPU.
+#[cfg(feature = "emulate")]
+pub fn emulated_hip_backend(
+    schedule: runtime::gpu::emu::Schedule,
+) -> runtime::Result<runtime::gpu::Gpu<runtime::gpu::emu::EmuDevice>> {
+    runtime::gpu::Gpu::new(runtime::gpu::emu::EmuDevice::new(kernels::simt_hip(), schedule))
 }
 
 /// The CUDA backend on device `ordinal`: an error (never a panic) where no driver or no device

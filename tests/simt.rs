@@ -176,6 +176,41 @@ fn images_hold_every_selftest_once() {
     assert!(memwall::kernels::simt_cuda().kernels().iter().any(|k| k == "add_assign_f32"));
 }
 
+/// The HIP image holds what the HIP build compiles: every kernel a launcher can pick but those of
+/// gemm_tc.cu (build/hip.rs's HIP_LEFT_OUT), no selftest, at warp 64; and, where clang built the
+/// code objects, exactly the kernels of each target's code objects.
+#[test]
+fn hip_image_holds_the_hip_build() {
+    let hip = memwall::kernels::simt_hip();
+    assert_eq!(hip.warp(), 64);
+    let mut have = hip.kernels();
+    have.sort();
+    let mut want: Vec<String> = memwall::runtime::gpu::ops::kernel_names()
+        .into_iter()
+        .filter(|n| !n.starts_with("gemm_tc_"))
+        .map(String::from)
+        .collect();
+    want.sort();
+    want.dedup();
+    let extra: Vec<&String> = have.iter().filter(|k| !want.contains(k)).collect();
+    let missing: Vec<&String> = want.iter().filter(|k| !have.contains(k)).collect();
+    // The image may hold kernels no launcher names yet (none today); it must hold every one named.
+    assert!(missing.is_empty(), "launcher kernels missing from the HIP image: {missing:?}");
+    assert!(extra.iter().all(|k| !k.starts_with("selftest") && !k.starts_with("gemm_tc_")), "{extra:?}");
+    let mut targets: Vec<&str> = memwall::kernels::HIP_KERNELS.iter().map(|(_, t, _)| *t).collect();
+    targets.sort_unstable();
+    targets.dedup();
+    for target in targets {
+        let mut built: Vec<String> = memwall::kernels::HIP_KERNELS
+            .iter()
+            .filter(|(_, t, _)| *t == target)
+            .flat_map(|(_, _, k)| k.iter().map(|s| s.to_string()))
+            .collect();
+        built.sort();
+        assert_eq!(have, built, "the HIP image vs the {target} code objects");
+    }
+}
+
 /// The Rust mirrors of the params structs: the launchers' table plus the selftests' own.
 fn rust_layouts() -> Vec<ParamsLayout> {
     let mut v = params_layouts();
@@ -188,7 +223,7 @@ type Field = (String, usize, usize);
 
 #[test]
 fn params_mirrors_match_the_cxx_layouts() {
-    for image in images() {
+    for image in images().into_iter().chain([memwall::kernels::simt_hip()]) {
         let mut cxx: BTreeMap<String, (usize, Vec<Field>)> = BTreeMap::new();
         for f in image.layouts() {
             let e = cxx.entry(f.strct.clone()).or_insert((f.struct_size, Vec::new()));

@@ -1,8 +1,8 @@
 //! The GPU backends a test runs its cases on, and moving host tensors onto them.
 //!
 //! - `emulated()`: `Gpu<EmuDevice>` under each thread schedule (forward, reverse, seeded random),
-//!   so a missing barrier shows up as a wrong result under at least one of them (feature
-//!   `emulate`; empty without it).
+//!   so a missing barrier shows up as a wrong result under at least one of them, and the HIP build
+//!   of the kernels at warp 64 (feature `emulate`; empty without it).
 //! - `cuda()`: `Gpu<CudaDevice>` on device 0 (feature `cuda`). Tests that use it are
 //!   `#[ignore = "needs a CUDA device"]`; when run, a missing device skips the test with a
 //!   message, unless `MEMWALL_REQUIRE_GPU=1`, which makes it fail.
@@ -12,10 +12,14 @@ use memwall_runtime::{Backend, HostTensor, Linear, Tensor, WeightScale};
 #[cfg(feature = "emulate")]
 pub fn emulated() -> Vec<(String, memwall::runtime::gpu::Gpu<memwall::runtime::gpu::emu::EmuDevice>)> {
     use memwall::runtime::gpu::emu::Schedule;
-    [Schedule::Forward, Schedule::Reverse, Schedule::Random(0x5eed)]
+    let cuda = [Schedule::Forward, Schedule::Reverse, Schedule::Random(0x5eed)]
         .into_iter()
-        .map(|s| (format!("emu {s:?}"), memwall::emulated_backend(s).expect("emulated backend")))
-        .collect()
+        .map(|s| (format!("emu {s:?}"), memwall::emulated_backend(s).expect("emulated backend")));
+    // The HIP build at warp 64 (kernels-hip/hip.h over the SIMT layer), under one schedule: the
+    // kernels' logic is the same, what differs is the wave width and the vendor header.
+    let hip = std::iter::once(Schedule::Random(0x41d))
+        .map(|s| (format!("hip-emu {s:?}"), memwall::emulated_hip_backend(s).expect("emulated HIP backend")));
+    cuda.chain(hip).collect()
 }
 
 /// Whether a GPU run demands a device (`MEMWALL_REQUIRE_GPU=1`).

@@ -192,7 +192,7 @@ impl Device for EmuDevice {
     type Buffer = EmuBuffer;
 
     fn name(&self) -> &'static str {
-        "cuda-emu"
+        if self.info.warp_size == 64 { "hip-emu" } else { "cuda-emu" }
     }
 
     fn info(&self) -> &DeviceInfo {
@@ -200,7 +200,7 @@ impl Device for EmuDevice {
     }
 
     fn alloc(&self, bytes: usize) -> Result<EmuBuffer> {
-        let oom = |reason: String| Error::OutOfMemory { device: "cuda-emu".into(), bytes, reason };
+        let oom = |reason: String| Error::OutOfMemory { device: self.name().into(), bytes, reason };
         let layout = Layout::from_size_align(bytes.max(1), EMU_ALIGN).map_err(|e| oom(e.to_string()))?;
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };

@@ -115,7 +115,7 @@ pub trait Device: Send + Sync + Sized + 'static {
     /// Device memory that frees itself on drop.
     type Buffer: Send + Sync + Debug;
 
-    /// Short backend name: `cuda`, `cuda-emu`.
+    /// Short backend name: `cuda`, `hip`, `cuda-emu`, `hip-emu`.
     fn name(&self) -> &'static str;
     fn info(&self) -> &DeviceInfo;
 
