@@ -8,6 +8,8 @@
 //! and a scale that overflows when doubled are typed errors.
 
 mod common;
+#[path = "parity_kit/mod.rs"]
+mod parity_kit;
 
 use std::path::Path;
 
@@ -180,6 +182,19 @@ fn converted_llama_gives_the_same_logits() {
 fn converted_mixtral_gives_the_same_logits() {
     let (cfg, stored) = fp8_model(mixtral_config(64), "block", DType::F32, "weight_scale_inv");
     check_converted("mixtral-block", &cfg, &stored);
+}
+
+/// transformers' fp8 fixture (per-channel e4m3fn projections, bf16 lm_head): converted, it still
+/// matches transformers' logits and greedy tokens (the kit's 1e-4, derived there), and its logits
+/// equal the unconverted load's exactly.
+#[test]
+fn published_fp8_fixture_converted() {
+    parity_kit::check_case_on(fnuz_reference(), "llama_fp8_channel", parity_kit::TOLERANCE);
+    let (plain, fnuz) = load_pair(&parity_kit::fixtures().join("llama_fp8_channel"));
+    // 2 layers x 7 projections; the embedding and lm_head are bf16 there.
+    assert_eq!(fnuz.report.stats.converted_tensors, 14, "{:?}", fnuz.report.stats);
+    let (a, b) = (logits(&plain), logits(&fnuz));
+    assert!(a.iter().zip(&b).all(|(x, y)| x == y && x.is_finite()), "converted logits differ");
 }
 
 fn fnuz_load_err(tag: &str, cfg: &Value, stored: &[Stored]) -> CheckpointError {
