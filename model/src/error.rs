@@ -80,6 +80,19 @@ pub enum CheckpointError {
     #[error("scale `{scale}` holds {value}, not a finite positive number")]
     ScaleValue { scale: String, value: f32 },
 
+    #[error(
+        "fp8 weight `{tensor}` holds the e4m3fn NaN code {code:#04x} at byte {offset} of its data (byte \
+         {file_offset} of {path}): it has no e4m3fnuz value, so the weight cannot be converted for this \
+         device's fp8 format"
+    )]
+    Fp8NanCode { tensor: String, path: PathBuf, offset: usize, file_offset: usize, code: u8 },
+
+    #[error(
+        "scale `{scale}`: element {index} = {value:e} overflows {dtype} when doubled for the e4m3fnuz \
+         weight"
+    )]
+    ScaleOverflow { scale: String, index: usize, value: f32, dtype: String },
+
     #[error("fp8 weight `{tensor}` but config.json has no `quantization_config` (or `compression_config`)")]
     NoQuantConfig { tensor: String },
 

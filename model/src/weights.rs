@@ -2,11 +2,18 @@
 //! and shape against the config before anything is allocated or computed, then loaded onto a
 //! backend. Weights keep their published dtype. On a host backend (`Storage = HostStorage`) they
 //! are windows of the memory-mapped files, used in place; elsewhere they are uploaded.
+//!
+//! One exception: on a device whose fp8 hardware reads e4m3fnuz (`Backend::native_e4m3`, AMD
+//! MI300X), e4m3fn weights are converted on the host before the upload: each code becomes the
+//! fnuz code of half its value (the same bits; 0x80, fn's -0, becomes 0x00) and the weight's scale
+//! is doubled (no scale becomes a per-tensor scale of 2). Both factors are powers of two, so the
+//! real weights, and every product with them, are exactly those of the checkpoint. An fn NaN code
+//! has no fnuz counterpart and is a typed error naming the tensor and byte.
 
 use std::any::{Any, TypeId};
 use std::collections::{BTreeMap, BTreeSet};
 
-use memwall_runtime::{Backend, DType, HostStorage, Linear, Tensor, WeightScale};
+use memwall_runtime::{Backend, DType, HostStorage, Linear, Tensor, WeightScale, fp8};
 use safetensors::tensor::Dtype;
 
 use crate::checkpoint::{Checkpoint, TensorRecord};
@@ -245,6 +252,11 @@ pub struct LoadStats {
     /// Bytes copied to the backend.
     pub copied_bytes: u64,
     pub tensors: usize,
+    /// e4m3fn weights converted to e4m3fnuz for the device (their scales, doubled, are counted
+    /// in `tensors` and `copied_bytes` like any other).
+    pub converted_tensors: usize,
+    /// The bytes of those weights (also counted in `copied_bytes`).
+    pub converted_bytes: u64,
 }
 
 /// A tensor of the checkpoint on the backend: in place when the backend keeps host memory and the
@@ -306,7 +318,106 @@ fn scalar_scale(ckpt: &Checkpoint, s: &ResolvedScale) -> Result<f32> {
     Ok(value)
 }
 
-/// Loads the checked manifest onto `backend`.
+/// The scale tensor of a checkpoint on the backend, doubled on the host first when `double`.
+fn scale_tensor_on<B: Backend>(
+    backend: &B,
+    ckpt: &Checkpoint,
+    s: &ResolvedScale,
+    double: bool,
+    stats: &mut LoadStats,
+) -> Result<Tensor<B::Storage>>
+where
+    B::Storage: 'static,
+{
+    let sd = runtime_dtype(&s.rec, &s.name)?;
+    if !double {
+        return tensor_on(backend, ckpt, &s.rec, sd, stats);
+    }
+    let mut bytes = ckpt.bytes(&s.rec).to_vec();
+    fp8::double_scales_in_place(sd, &mut bytes).map_err(|e| convert_err(ckpt, &s.rec, &s.name, e))?;
+    stats.tensors += 1;
+    stats.copied_bytes += bytes.len() as u64;
+    Ok(backend.upload(sd, &s.rec.shape, &bytes)?)
+}
+
+fn convert_err(ckpt: &Checkpoint, rec: &TensorRecord, name: &str, e: fp8::ConvertError) -> ModelError {
+    let tensor = name.to_string();
+    ModelError::Checkpoint(match e {
+        fp8::ConvertError::NanCode { offset, code } => CheckpointError::Fp8NanCode {
+            tensor,
+            path: ckpt.files[rec.file].path.clone(),
+            offset,
+            file_offset: rec.offset + offset,
+            code,
+        },
+        fp8::ConvertError::ScaleOverflow { index, value, dtype } => {
+            CheckpointError::ScaleOverflow { scale: tensor, index, value, dtype: dtype.to_string() }
+        }
+        // `check` admitted only f32 and bf16 scales of whole elements; kept typed all the same.
+        fp8::ConvertError::ScaleBytes { .. } => CheckpointError::WrongDType {
+            tensor,
+            got: format!("{:?}", rec.st_dtype),
+            expected: dtype_list(SCALE_DTYPES),
+        },
+    })
+}
+
+/// The scale of a matrix, doubled when its e4m3fn weight is converted to e4m3fnuz (`double`).
+fn matrix_scale<B: Backend>(
+    backend: &B,
+    ckpt: &Checkpoint,
+    r: &Resolved,
+    double: bool,
+    stats: &mut LoadStats,
+) -> Result<WeightScale<B::Storage>>
+where
+    B::Storage: 'static,
+{
+    Ok(match &r.scale {
+        None if double => WeightScale::PerTensor(2.0),
+        None => WeightScale::None,
+        Some(s) => match s.scheme {
+            Fp8Scheme::PerTensor => {
+                let v = scalar_scale(ckpt, s)?;
+                if double {
+                    let d = fp8::double_scale(v).map_err(|e| convert_err(ckpt, &s.rec, &s.name, e))?;
+                    WeightScale::PerTensor(d)
+                } else {
+                    WeightScale::PerTensor(v)
+                }
+            }
+            Fp8Scheme::PerChannel => {
+                WeightScale::PerChannel(scale_tensor_on(backend, ckpt, s, double, stats)?)
+            }
+            Fp8Scheme::Block { rows, cols } => WeightScale::Block {
+                block_rows: rows,
+                block_cols: cols,
+                scales: scale_tensor_on(backend, ckpt, s, double, stats)?,
+            },
+        },
+    })
+}
+
+/// An e4m3fn matrix on a device that reads e4m3fnuz: its codes converted on the host (one pass,
+/// in parallel) and uploaded as e4m3fnuz; the caller doubles its scale.
+fn fnuz_weight_on<B: Backend>(
+    backend: &B,
+    ckpt: &Checkpoint,
+    r: &Resolved,
+    stats: &mut LoadStats,
+) -> Result<Tensor<B::Storage>> {
+    let mut codes = ckpt.bytes(&r.rec).to_vec();
+    fp8::e4m3fn_to_e4m3fnuz_in_place(&mut codes).map_err(|e| convert_err(ckpt, &r.rec, &r.name, e))?;
+    let len = codes.len() as u64;
+    stats.tensors += 1;
+    stats.copied_bytes += len;
+    stats.converted_tensors += 1;
+    stats.converted_bytes += len;
+    Ok(backend.upload(DType::F8E4M3Fnuz, &r.rec.shape, &codes)?)
+}
+
+/// Loads the checked manifest onto `backend`; e4m3fn weights are converted to e4m3fnuz when the
+/// backend's fp8 hardware reads that (see the module docs).
 pub fn load<B: Backend>(
     backend: &B,
     config: &ModelConfig,
@@ -321,33 +432,22 @@ where
     let mut matrices: BTreeMap<String, Linear<B::Storage>> = BTreeMap::new();
     let mut vectors: BTreeMap<String, Tensor<B::Storage>> = BTreeMap::new();
     let total = manifest.tensors.len();
+    let to_fnuz = backend.native_e4m3() == DType::F8E4M3Fnuz;
     for (i, r) in manifest.tensors.iter().enumerate() {
         let dtype = runtime_dtype(&r.rec, &r.name)?;
-        let t = tensor_on(backend, ckpt, &r.rec, dtype, &mut stats)?;
         match r.kind {
             Kind::Vector { .. } => {
-                vectors.insert(r.name.clone(), t);
+                vectors.insert(r.name.clone(), tensor_on(backend, ckpt, &r.rec, dtype, &mut stats)?);
             }
             Kind::Matrix { .. } => {
-                let scale = match &r.scale {
-                    None => WeightScale::None,
-                    Some(s) => match s.scheme {
-                        Fp8Scheme::PerTensor => WeightScale::PerTensor(scalar_scale(ckpt, s)?),
-                        Fp8Scheme::PerChannel => {
-                            let sd = runtime_dtype(&s.rec, &s.name)?;
-                            WeightScale::PerChannel(tensor_on(backend, ckpt, &s.rec, sd, &mut stats)?)
-                        }
-                        Fp8Scheme::Block { rows, cols } => {
-                            let sd = runtime_dtype(&s.rec, &s.name)?;
-                            WeightScale::Block {
-                                block_rows: rows,
-                                block_cols: cols,
-                                scales: tensor_on(backend, ckpt, &s.rec, sd, &mut stats)?,
-                            }
-                        }
-                    },
+                let convert = to_fnuz && dtype == DType::F8E4M3Fn;
+                let weight = if convert {
+                    fnuz_weight_on(backend, ckpt, r, &mut stats)?
+                } else {
+                    tensor_on(backend, ckpt, &r.rec, dtype, &mut stats)?
                 };
-                matrices.insert(r.name.clone(), Linear { weight: t, scale });
+                let scale = matrix_scale(backend, ckpt, r, convert, &mut stats)?;
+                matrices.insert(r.name.clone(), Linear { weight, scale });
             }
         }
         progress(i + 1, total);

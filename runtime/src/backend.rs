@@ -35,6 +35,15 @@ pub trait Backend: Send + Sync {
         Ok(())
     }
 
+    /// The e4m3 flavour this device's fp8 hardware reads: `F8E4M3Fnuz` on AMD CDNA3 (MI300X),
+    /// `F8E4M3Fn` elsewhere (the default: the CPU backends and NVIDIA). The kernels of every
+    /// backend take both flavours; this says which one weights should reach the device in, so
+    /// the loader (`memwall_model::weights::load`) converts e4m3fn checkpoints to e4m3fnuz (codes
+    /// mapped, scales doubled: the same real weights) when it is `F8E4M3Fnuz`.
+    fn native_e4m3(&self) -> DType {
+        DType::F8E4M3Fn
+    }
+
     // ---- op kernels: called with checked dims -----------------------------------------------
 
     fn exec_linear(
@@ -350,5 +359,114 @@ pub trait Backend: Send + Sync {
     ) -> Result<()> {
         let d = ops::check_scatter_add_rows(dst, idx, src, weights)?;
         self.exec_scatter_add_rows(d, dst, idx, src, weights)
+    }
+}
+
+/// `inner` reporting another fp8 flavour: every op is `inner`'s (whose kernels take both e4m3
+/// flavours); only [`Backend::native_e4m3`] answers `native`. Loading an e4m3fn checkpoint through
+/// it with `native = F8E4M3Fnuz` makes the conversion an MI300X load makes, on any machine: the
+/// tests compare its results with the unconverted load's on the same `inner`.
+#[derive(Debug)]
+pub struct WithNativeE4m3<B> {
+    pub inner: B,
+    pub native: DType,
+}
+
+type T<B> = Tensor<<B as Backend>::Storage>;
+type L<B> = Linear<<B as Backend>::Storage>;
+
+impl<B: Backend> Backend for WithNativeE4m3<B> {
+    type Storage = B::Storage;
+
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn native_e4m3(&self) -> DType {
+        self.native
+    }
+    fn exec_alloc(&self, bytes: usize) -> Result<B::Storage> {
+        self.inner.exec_alloc(bytes)
+    }
+    fn exec_write(&self, dst: &mut B::Storage, bytes: &[u8]) -> Result<()> {
+        self.inner.exec_write(dst, bytes)
+    }
+    fn exec_read(&self, src: &B::Storage, out: &mut [u8]) -> Result<()> {
+        self.inner.exec_read(src, out)
+    }
+    fn synchronize(&self) -> Result<()> {
+        self.inner.synchronize()
+    }
+    fn exec_linear(&self, d: LinearDims, x: &T<B>, w: &L<B>, y: &mut T<B>) -> Result<()> {
+        self.inner.exec_linear(d, x, w, y)
+    }
+    fn exec_rms_norm(&self, d: RowsDims, x: &T<B>, weight: &T<B>, eps: f32, y: &mut T<B>) -> Result<()> {
+        self.inner.exec_rms_norm(d, x, weight, eps, y)
+    }
+    fn exec_rope(&self, d: RopeDims, x: &mut T<B>, positions: &T<B>, rope: &Rope) -> Result<()> {
+        self.inner.exec_rope(d, x, positions, rope)
+    }
+    fn exec_silu_mul(&self, d: RowsDims, gate: &T<B>, up: &T<B>, out: &mut T<B>) -> Result<()> {
+        self.inner.exec_silu_mul(d, gate, up, out)
+    }
+    fn exec_add_assign(&self, d: RowsDims, x: &mut T<B>, y: &T<B>) -> Result<()> {
+        self.inner.exec_add_assign(d, x, y)
+    }
+    fn exec_embedding(&self, d: GatherDims, table: &L<B>, ids: &T<B>, out: &mut T<B>) -> Result<()> {
+        self.inner.exec_embedding(d, table, ids, out)
+    }
+    fn exec_kv_store(
+        &self,
+        d: AttnDims,
+        k: &T<B>,
+        v: &T<B>,
+        cache: &mut KvCacheLayer<B::Storage>,
+        table: &T<B>,
+        slots: &T<B>,
+        positions: &T<B>,
+    ) -> Result<()> {
+        self.inner.exec_kv_store(d, k, v, cache, table, slots, positions)
+    }
+    fn exec_attention(
+        &self,
+        d: AttnDims,
+        q: &T<B>,
+        cache: &KvCacheLayer<B::Storage>,
+        table: &T<B>,
+        slots: &T<B>,
+        positions: &T<B>,
+        scale: f32,
+        out: &mut T<B>,
+    ) -> Result<()> {
+        self.inner.exec_attention(d, q, cache, table, slots, positions, scale, out)
+    }
+    fn exec_router_topk(&self, d: TopKDims, logits: &T<B>, ids: &mut T<B>, weights: &mut T<B>) -> Result<()> {
+        self.inner.exec_router_topk(d, logits, ids, weights)
+    }
+    fn exec_argmax(&self, d: RowsDims, logits: &T<B>, out: &mut T<B>) -> Result<()> {
+        self.inner.exec_argmax(d, logits, out)
+    }
+    fn exec_sample(
+        &self,
+        d: RowsDims,
+        logits: &T<B>,
+        params: &SamplingParams,
+        seeds: &T<B>,
+        steps: &T<B>,
+        out: &mut T<B>,
+    ) -> Result<()> {
+        self.inner.exec_sample(d, logits, params, seeds, steps, out)
+    }
+    fn exec_gather_rows(&self, d: GatherDims, src: &T<B>, idx: &T<B>, out: &mut T<B>) -> Result<()> {
+        self.inner.exec_gather_rows(d, src, idx, out)
+    }
+    fn exec_scatter_add_rows(
+        &self,
+        d: GatherDims,
+        dst: &mut T<B>,
+        idx: &T<B>,
+        src: &T<B>,
+        weights: &T<B>,
+    ) -> Result<()> {
+        self.inner.exec_scatter_add_rows(d, dst, idx, src, weights)
     }
 }

@@ -200,6 +200,90 @@ pub fn e4m3fn_to_e4m3fnuz(code: u8) -> Option<u8> {
     }
 }
 
+/// Why a buffer could not be converted for an e4m3fnuz device.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ConvertError {
+    #[error("byte {offset} holds the e4m3fn NaN code {code:#04x}, which has no e4m3fnuz counterpart")]
+    NanCode { offset: usize, code: u8 },
+    #[error("scale element {index} = {value:e} overflows {dtype} when doubled")]
+    ScaleOverflow { index: usize, value: f32, dtype: crate::DType },
+    #[error("{len} bytes are not whole {dtype} scales (scales are f32 or bf16)")]
+    ScaleBytes { len: usize, dtype: crate::DType },
+}
+
+/// Bytes per parallel task of the in-place conversions: large enough that rayon's per-task cost
+/// vanishes, small enough that a multi-GB checkpoint spreads over every core.
+const CHUNK: usize = 1 << 20;
+
+/// Converts a buffer of e4m3fn codes to e4m3fnuz in place ([`e4m3fn_to_e4m3fnuz`] on each byte,
+/// in parallel): each byte is then worth exactly half what it was, so the tensor's scale must be
+/// doubled ([`double_scales_in_place`]). An fn NaN code is an error naming the first such byte;
+/// the buffer is then partly converted and must be discarded.
+pub fn e4m3fn_to_e4m3fnuz_in_place(codes: &mut [u8]) -> Result<(), ConvertError> {
+    use rayon::prelude::*;
+    let first_nan = codes
+        .par_chunks_mut(CHUNK)
+        .enumerate()
+        .filter_map(|(c, chunk)| {
+            let mut bad = None;
+            for (i, b) in chunk.iter_mut().enumerate() {
+                match e4m3fn_to_e4m3fnuz(*b) {
+                    Some(v) => *b = v,
+                    None => {
+                        bad = Some((c * CHUNK + i, *b));
+                        break;
+                    }
+                }
+            }
+            bad
+        })
+        .min();
+    match first_nan {
+        Some((offset, code)) => Err(ConvertError::NanCode { offset, code }),
+        None => Ok(()),
+    }
+}
+
+/// `2 * s`, exactly (a power-of-two factor only raises the exponent), or an error where a finite
+/// `s` overflows to infinity. Non-finite values stay what they are.
+pub fn double_scale(s: f32) -> Result<f32, ConvertError> {
+    let d = 2.0 * s;
+    if s.is_finite() && !d.is_finite() {
+        return Err(ConvertError::ScaleOverflow { index: 0, value: s, dtype: crate::DType::F32 });
+    }
+    Ok(d)
+}
+
+/// Doubles the f32 or bf16 scales in `bytes` (little-endian) in place, exactly: the companion of
+/// [`e4m3fn_to_e4m3fnuz_in_place`]. A finite value whose double overflows is an error naming the
+/// first such element (the buffer is then partly doubled and must be discarded).
+pub fn double_scales_in_place(dtype: crate::DType, bytes: &mut [u8]) -> Result<(), ConvertError> {
+    use crate::DType;
+    let size = match dtype {
+        DType::F32 => 4,
+        DType::BF16 => 2,
+        _ => return Err(ConvertError::ScaleBytes { len: bytes.len(), dtype }),
+    };
+    if !bytes.len().is_multiple_of(size) {
+        return Err(ConvertError::ScaleBytes { len: bytes.len(), dtype });
+    }
+    for (index, e) in bytes.chunks_exact_mut(size).enumerate() {
+        let overflow = |value: f32| ConvertError::ScaleOverflow { index, value, dtype };
+        if size == 4 {
+            let s = f32::from_le_bytes([e[0], e[1], e[2], e[3]]);
+            let d = double_scale(s).map_err(|_| overflow(s))?;
+            e.copy_from_slice(&d.to_le_bytes());
+        } else {
+            // bf16 -> f32 is exact, the doubling is exact, and the double has bf16's 8 significant
+            // bits, so the narrowing back is exact too (f32 and bf16 share their exponent range).
+            let s = half::bf16::from_le_bytes([e[0], e[1]]).to_f32();
+            let d = double_scale(s).map_err(|_| overflow(s))?;
+            e.copy_from_slice(&half::bf16::from_f32(d).to_le_bytes());
+        }
+    }
+    Ok(())
+}
+
 /// Table of the 256 f32 values of an fp8 flavour, indexed by code.
 pub fn decode_table(to_f32: fn(u8) -> f32) -> [f32; 256] {
     std::array::from_fn(|i| to_f32(i as u8))

@@ -566,6 +566,97 @@ fn e4m3fn_to_e4m3fnuz_halves_every_value() {
     }
 }
 
+#[test]
+fn in_place_conversion_of_all_256_codes_halves_through_the_codecs() {
+    // Every non-NaN code in one buffer: decoded by the library's codecs, fnuz after is half of fn
+    // before, exactly (the sign of zero aside: fnuz has one zero).
+    let codes: Vec<u8> = (0..=255u8).filter(|&c| !fp8::e4m3fn_to_f32(c).is_nan()).collect();
+    assert_eq!(codes.len(), 254, "e4m3fn has exactly two NaN codes, 0x7f and 0xff");
+    let mut conv = codes.clone();
+    fp8::e4m3fn_to_e4m3fnuz_in_place(&mut conv).expect("no NaN code");
+    for (&c, &u) in codes.iter().zip(&conv) {
+        let (v, h) = (fp8::e4m3fn_to_f32(c), fp8::e4m3fnuz_to_f32(u));
+        assert!(!h.is_nan(), "fn 0x{c:02x} became the fnuz NaN 0x{u:02x}");
+        assert_eq!(h * 2.0, v, "fn 0x{c:02x} = {v} -> fnuz 0x{u:02x} = {h}");
+        assert_eq!(u, fp8::e4m3fn_to_e4m3fnuz(c).unwrap(), "in place = per code");
+    }
+    // Each NaN code, alone or after valid codes, is an error naming its byte.
+    for nan in [0x7fu8, 0xff] {
+        let mut one = [nan];
+        assert_eq!(
+            fp8::e4m3fn_to_e4m3fnuz_in_place(&mut one),
+            Err(fp8::ConvertError::NanCode { offset: 0, code: nan })
+        );
+    }
+}
+
+#[test]
+fn in_place_conversion_reports_the_first_nan_across_parallel_chunks() {
+    // 3.5 MiB: several of the conversion's 1 MiB parallel chunks. NaNs in the third and second
+    // chunks; the first in memory order is reported whichever task finds its NaN first.
+    let len = 3 * (1 << 20) + (1 << 19);
+    let mut codes: Vec<u8> = (0..len).map(|i| ((i * 37 + 11) % 256) as u8 & 0x7e).collect();
+    let (a, b) = ((1 << 20) + 12_345, 2 * (1 << 20) + 7);
+    codes[b] = 0x7f;
+    codes[a] = 0xff;
+    let err = fp8::e4m3fn_to_e4m3fnuz_in_place(&mut codes.clone());
+    assert_eq!(err, Err(fp8::ConvertError::NanCode { offset: a, code: 0xff }));
+    // Without the NaNs, every byte converts like the per-code function.
+    codes[a] = 0x12;
+    codes[b] = 0x92;
+    let mut conv = codes.clone();
+    fp8::e4m3fn_to_e4m3fnuz_in_place(&mut conv).expect("no NaN code");
+    assert!(codes.iter().zip(&conv).all(|(&c, &u)| fp8::e4m3fn_to_e4m3fnuz(c) == Some(u)));
+    assert!(fp8::e4m3fn_to_e4m3fnuz_in_place(&mut []).is_ok());
+}
+
+#[test]
+fn doubling_scales_is_exact_and_overflow_is_an_error() {
+    // f32: every value (normals, subnormals, tiny and large) doubles exactly: 2s / 2 == s.
+    let f32s = [1.0f32, 3.0e-3, 1.0 / 448.0, f32::MIN_POSITIVE, f32::from_bits(1), 1.5e38, 0.1];
+    let mut bytes: Vec<u8> = f32s.iter().flat_map(|v| v.to_le_bytes()).collect();
+    fp8::double_scales_in_place(DType::F32, &mut bytes).expect("no overflow");
+    for (v, d) in f32s.iter().zip(bytes.chunks_exact(4)) {
+        let d = f32::from_le_bytes([d[0], d[1], d[2], d[3]]);
+        assert_eq!(d.to_bits(), (v * 2.0).to_bits());
+        assert_eq!(d / 2.0, *v, "{v:e}: doubling must be exact");
+        assert_eq!(fp8::double_scale(*v), Ok(d));
+    }
+    // bf16: every finite positive code below the top binade doubles to the code one exponent up
+    // (exponent field + 1, same mantissa); the top binade overflows.
+    for bits in 0x0001u16..0x7f80 {
+        let mut b = bits.to_le_bytes();
+        let r = fp8::double_scales_in_place(DType::BF16, &mut b);
+        let v = bf16::from_bits(bits).to_f32();
+        if bits >= 0x7f00 {
+            assert_eq!(r, Err(fp8::ConvertError::ScaleOverflow { index: 0, value: v, dtype: DType::BF16 }));
+            continue;
+        }
+        r.unwrap_or_else(|e| panic!("bf16 {bits:#06x}: {e}"));
+        let got = bf16::from_le_bytes(b).to_f32();
+        assert_eq!(got, 2.0 * v, "bf16 {bits:#06x} = {v:e}");
+        if bits >= 0x0080 {
+            assert_eq!(u16::from_le_bytes(b), bits + 0x0080, "a normal bf16 doubles by exponent + 1");
+        }
+    }
+    // The first element that overflows is named.
+    let mut big: Vec<u8> = [1.0f32, 2.0, f32::MAX, f32::MAX].iter().flat_map(|v| v.to_le_bytes()).collect();
+    assert_eq!(
+        fp8::double_scales_in_place(DType::F32, &mut big),
+        Err(fp8::ConvertError::ScaleOverflow { index: 2, value: f32::MAX, dtype: DType::F32 })
+    );
+    assert!(fp8::double_scale(f32::MAX).is_err());
+    // Only f32 and bf16 scales, in whole elements.
+    assert!(matches!(
+        fp8::double_scales_in_place(DType::F16, &mut [0, 0]),
+        Err(fp8::ConvertError::ScaleBytes { .. })
+    ));
+    assert!(matches!(
+        fp8::double_scales_in_place(DType::F32, &mut [0, 0, 0]),
+        Err(fp8::ConvertError::ScaleBytes { .. })
+    ));
+}
+
 // ---------------------------------------------------------------------------------------------
 // bf16 and f16
 

@@ -121,3 +121,57 @@ pub fn write_model(dir: &Path, config: &Value, tensors: &[Stored]) {
     std::fs::write(dir.join("config.json"), config.to_string()).expect("config");
     std::fs::write(dir.join("model.safetensors"), safetensors_bytes(tensors)).expect("weights");
 }
+
+// ---------------------------------------------------------------------------------------------
+// fp8
+
+/// A compressed-tensors `quantization_config` with one group of 8-bit float weights.
+pub fn quant_config(strategy: &str) -> Value {
+    json!({"quant_method": "compressed-tensors", "format": "float-quantized",
+           "config_groups": {"group_0": {"targets": ["Linear"],
+               "weights": {"num_bits": 8, "type": "float", "strategy": strategy}}}})
+}
+
+/// The stored fp8 weight and its scale for `values` `[n, k]`, and the f32 values they mean.
+pub fn fp8_quantize(
+    values: &[f32],
+    n: usize,
+    k: usize,
+    scheme: &str,
+) -> (Vec<f32>, Vec<usize>, Vec<f32>, Vec<f32>) {
+    let bl = 16; // block size used by the tests' block configs
+    let scale_at = |scales: &[f32], j: usize, l: usize| match scheme {
+        "tensor" => scales[0],
+        "channel" => scales[j],
+        _ => scales[(j / bl) * k.div_ceil(bl) + l / bl],
+    };
+    let (shape, count) = match scheme {
+        "tensor" => (vec![], 1),
+        "channel" => (vec![n, 1], n),
+        _ => (vec![n.div_ceil(bl), k.div_ceil(bl)], n.div_ceil(bl) * k.div_ceil(bl)),
+    };
+    let mut amax = vec![0f32; count];
+    for j in 0..n {
+        for l in 0..k {
+            let s = match scheme {
+                "tensor" => 0,
+                "channel" => j,
+                _ => (j / bl) * k.div_ceil(bl) + l / bl,
+            };
+            amax[s] = amax[s].max(values[j * k + l].abs());
+        }
+    }
+    let scales: Vec<f32> = amax.iter().map(|a| a.max(1e-6) / 448.0).collect();
+    let mut q = Vec::with_capacity(n * k);
+    let mut real = Vec::with_capacity(n * k);
+    for j in 0..n {
+        for l in 0..k {
+            let s = scale_at(&scales, j, l);
+            let byte = memwall_runtime::dtype::encode_f32(DType::F8E4M3Fn, &[values[j * k + l] / s]).unwrap();
+            let v = memwall_runtime::dtype::decode_f32(DType::F8E4M3Fn, &byte).unwrap()[0];
+            q.push(v);
+            real.push(v * s);
+        }
+    }
+    (q, shape, scales, real)
+}

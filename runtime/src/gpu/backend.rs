@@ -5,7 +5,7 @@ use super::{Device, Gpu, GpuStorage, ops};
 use crate::ops::{
     AttnDims, GatherDims, KvCacheLayer, Linear, LinearDims, RopeDims, RowsDims, SamplingParams, TopKDims,
 };
-use crate::{Backend, Error, Result, Rope, Tensor};
+use crate::{Backend, DType, Error, Result, Rope, Tensor};
 
 type T<D> = Tensor<GpuStorage<<D as Device>::Buffer>>;
 type L<D> = Linear<GpuStorage<<D as Device>::Buffer>>;
@@ -46,6 +46,10 @@ impl<D: Device> Backend for Gpu<D> {
     fn synchronize(&self) -> Result<()> {
         self.device.synchronize()?;
         self.check_status()
+    }
+
+    fn native_e4m3(&self) -> DType {
+        self.device.info().native_e4m3()
     }
 
     fn exec_linear(&self, d: LinearDims, x: &T<D>, w: &L<D>, y: &mut T<D>) -> Result<()> {

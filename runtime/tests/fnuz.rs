@@ -1,0 +1,191 @@
+//! e4m3fn weights converted for an e4m3fnuz device (`fp8::e4m3fn_to_e4m3fnuz_in_place` on the
+//! codes, `fp8::double_scales_in_place` / `double_scale` on the scale, as the model loader does)
+//! give the same products on the reference backend as the weights they came from, bit for bit.
+//!
+//! Why bit for bit, not within a tolerance: the reference widens every value to f64. A converted
+//! code is worth exactly half the original (fp8 -> f64 is exact), so each product `x * w` (24 + 4
+//! significant bits, exact in f64) halves exactly, and so does every partial sum of them (halving
+//! every term of a sum halves each rounded partial sum exactly: a power-of-two factor commutes with
+//! rounding, and no term comes near f64's subnormal range; |x * w| >= 2^-24 * 2^-10). The doubled
+//! scale is exact too, so `(2 s) * (sum / 2)` is the same real number as `s * sum` and rounds to
+//! the same f64; with no scale the converted weight gets `2.0 * (sum / 2) = sum`. The same holds
+//! for each block's partial sum and for the embedding's dequantised `w * s`. Equal f64 results
+//! round to equal f32 outputs. The one difference is the sign of an exact zero: fnuz has no -0,
+//! so fn's -0 (0x80) becomes +0 and a result that is exactly zero may lose its sign
+//! ([`same_bits`]).
+
+use memwall_runtime::cpu::Reference;
+use memwall_runtime::{Backend, DType, HostStorage, HostTensor, Linear, WeightScale, fp8};
+use proptest::prelude::*;
+
+const B: Reference = Reference;
+
+/// Deterministic xorshift stream.
+struct Rng(u64);
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    /// Uniform in [-1, 1).
+    fn uniform(&mut self) -> f32 {
+        ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    /// A random e4m3fn code that is not NaN (the NaN codes become 0x80, fn's -0, so it occurs).
+    fn code(&mut self) -> u8 {
+        let c = (self.next() >> 56) as u8;
+        if c & 0x7f == 0x7f { 0x80 } else { c }
+    }
+}
+
+/// How a test weight is scaled.
+#[derive(Clone, Copy, Debug)]
+enum Scheme {
+    None,
+    PerTensor,
+    PerChannel(DType),
+    Block(DType, usize, usize),
+}
+
+fn schemes() -> Vec<Scheme> {
+    let mut s = vec![Scheme::None, Scheme::PerTensor];
+    for d in [DType::F32, DType::BF16] {
+        s.push(Scheme::PerChannel(d));
+        for (r, c) in [(128, 128), (3, 5), (1, 7), (16, 4097)] {
+            s.push(Scheme::Block(d, r, c));
+        }
+    }
+    s
+}
+
+/// A random e4m3fn weight `[n, k]` with a random scale of `scheme` (values in [-1, 1]).
+fn fn_weight(rng: &mut Rng, n: usize, k: usize, scheme: Scheme) -> Linear<HostStorage> {
+    let codes: Vec<u8> = (0..n * k).map(|_| rng.code()).collect();
+    let weight = B.upload(DType::F8E4M3Fn, &[n, k], &codes).unwrap();
+    let mut values = |count: usize| -> Vec<f32> { (0..count).map(|_| rng.uniform()).collect() };
+    let scale = match scheme {
+        Scheme::None => WeightScale::None,
+        Scheme::PerTensor => WeightScale::PerTensor(values(1)[0]),
+        Scheme::PerChannel(d) => WeightScale::PerChannel(B.upload_f32(d, &[n, 1], &values(n)).unwrap()),
+        Scheme::Block(d, r, c) => {
+            let shape = [n.div_ceil(r), k.div_ceil(c)];
+            let scales = B.upload_f32(d, &shape, &values(shape[0] * shape[1])).unwrap();
+            WeightScale::Block { block_rows: r, block_cols: c, scales }
+        }
+    };
+    Linear { weight, scale }
+}
+
+fn bytes(t: &HostTensor) -> Vec<u8> {
+    t.storage().bytes()[..t.nbytes()].to_vec()
+}
+
+/// `w` as the loader converts it for an e4m3fnuz device: codes converted, scale doubled.
+fn to_fnuz(w: &Linear<HostStorage>) -> Linear<HostStorage> {
+    let mut codes = bytes(&w.weight);
+    fp8::e4m3fn_to_e4m3fnuz_in_place(&mut codes).unwrap();
+    let weight = B.upload(DType::F8E4M3Fnuz, w.weight.shape(), &codes).unwrap();
+    let doubled = |t: &HostTensor| {
+        let mut b = bytes(t);
+        fp8::double_scales_in_place(t.dtype(), &mut b).unwrap();
+        B.upload(t.dtype(), t.shape(), &b).unwrap()
+    };
+    let scale = match &w.scale {
+        WeightScale::None => WeightScale::PerTensor(2.0),
+        WeightScale::PerTensor(s) => WeightScale::PerTensor(fp8::double_scale(*s).unwrap()),
+        WeightScale::PerChannel(s) => WeightScale::PerChannel(doubled(s)),
+        WeightScale::Block { block_rows, block_cols, scales } => {
+            WeightScale::Block { block_rows: *block_rows, block_cols: *block_cols, scales: doubled(scales) }
+        }
+    };
+    Linear { weight, scale }
+}
+
+/// An f32 tensor filled with a NaN payload, so an unwritten element fails the comparison.
+fn poisoned(shape: &[usize]) -> HostTensor {
+    let n: usize = shape.iter().product();
+    B.upload(DType::F32, shape, bytemuck::cast_slice(&vec![0x7fc0_deadu32; n])).unwrap()
+}
+
+/// Bit for bit equal, except that an exact zero may have either sign.
+fn same_bits(a: &[u32], b: &[u32]) -> Result<(), String> {
+    match a
+        .iter()
+        .zip(b)
+        .position(|(&x, &y)| x != y && !(f32::from_bits(x) == 0.0 && f32::from_bits(y) == 0.0))
+    {
+        _ if a.len() != b.len() => Err(format!("{} vs {} elements", a.len(), b.len())),
+        Some(i) => Err(format!(
+            "element {i}: {:e} ({:#010x}) vs {:e} ({:#010x}) of {}",
+            f32::from_bits(a[i]),
+            a[i],
+            f32::from_bits(b[i]),
+            b[i],
+            a.len()
+        )),
+        None => Ok(()),
+    }
+}
+
+fn linear_bits(x: &HostTensor, w: &Linear<HostStorage>, m: usize, n: usize) -> Vec<u32> {
+    let mut y = poisoned(&[m, n]);
+    B.linear(x, w, &mut y).unwrap();
+    y.as_slice::<u32>().to_vec()
+}
+
+fn embedding_bits(w: &Linear<HostStorage>, ids: &HostTensor, k: usize) -> Vec<u32> {
+    let mut out = poisoned(&[ids.numel(), k]);
+    B.embedding(w, ids, &mut out).unwrap();
+    out.as_slice::<u32>().to_vec()
+}
+
+const SHAPES: [(usize, usize); 5] = [(1, 1), (3, 17), (17, 4097), (130, 257), (1, 4097)];
+
+proptest! {
+    // Each case runs every shape and scheme (5 x 12 pairs of linears), so a few cases suffice.
+    #![proptest_config(ProptestConfig::with_cases(6))]
+
+    #[test]
+    fn converted_weights_give_the_same_products(seed in any::<u64>(), m in 1usize..=4) {
+        let mut rng = Rng::new(seed);
+        for (n, k) in SHAPES {
+            for scheme in schemes() {
+                let w = fn_weight(&mut rng, n, k, scheme);
+                let u = to_fnuz(&w);
+                prop_assert_eq!(u.weight.dtype(), DType::F8E4M3Fnuz);
+                let x_values: Vec<f32> = (0..m * k).map(|_| rng.uniform()).collect();
+                let x = B.upload_f32(DType::F32, &[m, k], &x_values).unwrap();
+                let (a, b) = (linear_bits(&x, &w, m, n), linear_bits(&x, &u, m, n));
+                prop_assert!(a.iter().all(|&v| f32::from_bits(v).is_finite()), "{n}x{k} {scheme:?}: unwritten");
+                let same = same_bits(&a, &b);
+                prop_assert!(same.is_ok(), "linear {m}x{n}x{k} {scheme:?}: {same:?}");
+
+                let ids: Vec<u32> = (0..m).map(|_| (rng.next() % n as u64) as u32).collect();
+                let ids = B.upload_u32(&[m], &ids).unwrap();
+                let (a, b) = (embedding_bits(&w, &ids, k), embedding_bits(&u, &ids, k));
+                prop_assert!(a.iter().all(|&v| f32::from_bits(v).is_finite()), "{n}x{k} {scheme:?}: unwritten");
+                let same = same_bits(&a, &b);
+                prop_assert!(same.is_ok(), "embedding {n}x{k} {scheme:?}: {same:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn converted_zero_codes_are_the_fnuz_zero() {
+    // fn's -0 (0x80) must not reach the device as 0x80, the fnuz NaN: a row of -0 gives 0.
+    let w = Linear {
+        weight: B.upload(DType::F8E4M3Fn, &[1, 3], &[0x80, 0x00, 0x80]).unwrap(),
+        scale: WeightScale::PerTensor(0.5),
+    };
+    let u = to_fnuz(&w);
+    assert_eq!(bytes(&u.weight), [0, 0, 0]);
+    let x = B.upload_f32(DType::F32, &[1, 3], &[0.25, -0.5, 0.75]).unwrap();
+    let y = linear_bits(&x, &u, 1, 1);
+    assert_eq!(f32::from_bits(y[0]), 0.0);
+}
