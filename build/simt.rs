@@ -59,7 +59,9 @@ pub fn run(root: &Path, out: &Path) {
     fs::write(out.join("simt_hip_kernels.inc"), inc).expect("write simt_hip_kernels.inc");
     println!("cargo::rerun-if-changed=kernels-hip");
 
-    for (image, file) in [("cuda", "image_cuda.cpp"), ("hip", "image_hip.cpp"), ("selftest64", "image_selftest64.cpp")] {
+    for (image, file) in
+        [("cuda", "image_cuda.cpp"), ("hip", "image_hip.cpp"), ("selftest64", "image_selftest64.cpp")]
+    {
         let mut b = cc::Build::new();
         b.cpp(true)
             .std("c++20")
