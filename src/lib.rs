@@ -165,6 +165,13 @@ pub fn emulated_hip_backend(
     runtime::gpu::Gpu::new(runtime::gpu::emu::EmuDevice::new(kernels::simt_hip(), schedule))
 }
 
+/// The HIP backend on AMD GPU `ordinal`, with the code objects `build.rs` compiled for its target:
+/// an error (never a panic) where no device exists or the build has no code objects for it.
+#[cfg(feature = "hip")]
+pub fn hip_backend(ordinal: usize) -> runtime::Result<runtime::gpu::Gpu<runtime::gpu::hip::HipDevice>> {
+    runtime::gpu::Gpu::new(runtime::gpu::hip::HipDevice::new(ordinal, kernels::HIP_CODE_OBJECTS)?)
+}
+
 /// The CUDA backend on device `ordinal`: an error (never a panic) where no driver or no device
 /// exists.
 #[cfg(feature = "cuda")]

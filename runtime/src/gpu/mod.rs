@@ -5,6 +5,8 @@
 //! module per kernel family, and is the same whichever device runs the kernels:
 //! - [`cuda::CudaDevice`] (feature `cuda`): an NVIDIA GPU through cudarc, with the fatbins the
 //!   top-level `build.rs` compiled, or the embedded sources compiled at first use by NVRTC;
+//! - [`hip::HipDevice`] (feature `hip`): an AMD GPU through hip-sys, with the code objects
+//!   `build.rs` compiled for its gfx target;
 //! - [`emu::EmuDevice`]: the same kernel sources compiled as host C++ against the SIMT layer of
 //!   `simt/` (the root crate's `emulate` feature links them), so CI runs the real kernels without a
 //!   GPU.
@@ -17,6 +19,8 @@
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod emu;
+#[cfg(feature = "hip")]
+pub mod hip;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
 pub mod ops;
