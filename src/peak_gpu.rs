@@ -1,8 +1,8 @@
 //! The memory ceiling of a GPU as its SMs see it: the read and copy kernels of
 //! `kernels-cuda/stream.cu` over a working set of a few GB, timed on the device, checked after
 //! timing (the read's word sum against the host's, the copy's ends against the source), in
-//! decimal GB/s counting bytes read + written. `memwall peak --backend cuda` adds the copy
-//! engine (`cuMemcpyDtoD`) beside them.
+//! decimal GB/s counting bytes read + written. `memwall peak --backend cuda` (or `hip`) adds the
+//! copy engine (`cuMemcpyDtoD`, `hipMemcpyDtoD`) beside them.
 //!
 //! Generic over the device, so the emulated GPU runs the same path in CI (its figures are the
 //! CPU emulator's, meaningless as a GPU ceiling).
@@ -124,7 +124,7 @@ impl<D: Device> GpuStreamBuffers<D> {
             GpuKernel::CopyEngine => Err(Error::Unsupported {
                 backend: g.device().name(),
                 op: "peak",
-                reason: "the copy engine is timed by the CUDA device itself (CudaDevice::copy)".into(),
+                reason: "the copy engine is the device's own copy (CudaDevice::copy, HipDevice::copy), timed by the device".into(),
             }),
         }
     }

@@ -137,7 +137,6 @@ fn run_errors() {
     let dir = fixture("llama_tied_f32");
     let d = dir.to_str().unwrap();
     for (args, msg) in [
-        (vec!["--tokens", "1,2", "--max-new-tokens", "2", "--backend", "hip"], "not written yet"),
         (vec!["--tokens", "1,256", "--max-new-tokens", "2", "--backend", "cpu-ref"], "out of range"),
         (vec!["--tokens", "1,x", "--max-new-tokens", "2", "--backend", "cpu-ref"], "not a token id"),
         (vec!["--tokens", "1", "--max-new-tokens", "200", "--backend", "cpu-ref"], "max_position_embeddings"),
@@ -156,52 +155,73 @@ fn run_errors() {
     assert!(err.contains("cannot read"), "{err}");
 }
 
-/// `--backend cuda`: without the feature, an error saying how to build it; with it and no
-/// device, the backend's own "no CUDA device" error (a GPU machine runs it for real).
+/// `--backend cuda` and `--backend hip`: without the feature, an error saying how to build it;
+/// with it and no device, the backend's own no-device error (a GPU machine runs it for real).
 #[test]
-fn run_on_cuda_is_an_error_without_a_device() {
-    #[cfg(feature = "cuda")]
-    if memwall::runtime::gpu::cuda::device_count().is_ok_and(|n| n > 0) {
-        eprintln!("skipping: a CUDA device is present (the GPU suites run it)");
-        return;
-    }
+fn run_on_a_gpu_is_an_error_without_a_device() {
     let dir = fixture("llama_tied_f32");
     let d = dir.to_str().unwrap();
-    let (ok, _, err) =
-        memwall(&["run", "--model", d, "--tokens", "1,2", "--max-new-tokens", "2", "--backend", "cuda"]);
-    assert!(!ok);
-    let want = if cfg!(feature = "cuda") { "no CUDA device" } else { "--features cuda" };
-    assert!(err.contains(want), "{err}");
+    for (backend, present, no_device) in
+        [("cuda", cfg!(feature = "cuda"), "no CUDA device"), ("hip", cfg!(feature = "hip"), "no ROCm device")]
+    {
+        #[cfg(feature = "cuda")]
+        if backend == "cuda" && memwall::runtime::gpu::cuda::device_count().is_ok_and(|n| n > 0) {
+            eprintln!("skipping cuda: a CUDA device is present (the GPU suites run it)");
+            continue;
+        }
+        #[cfg(feature = "hip")]
+        if backend == "hip" && memwall::runtime::gpu::hip::device_count().is_ok_and(|n| n > 0) {
+            eprintln!("skipping hip: a ROCm device is present (the GPU suites run it)");
+            continue;
+        }
+        let (ok, _, err) =
+            memwall(&["run", "--model", d, "--tokens", "1,2", "--max-new-tokens", "2", "--backend", backend]);
+        assert!(!ok, "{backend} ran without a device");
+        let want = if present { no_device.to_string() } else { format!("--features {backend}") };
+        assert!(err.contains(&want), "{backend}: {err}");
+    }
 }
 
-/// `--backend cuda-emu` runs the CUDA kernels through the unchanged graph (on the SIMT emulator)
-/// and reports its backend; the ids it generates are compared with the CPU in tests/gpu_model.rs
-/// (logits, with tolerances), not here.
+/// `--backend cuda-emu` and `--backend hip-emu` run the CUDA and HIP builds of the kernels through
+/// the unchanged graph (on the SIMT emulator) and report their backend; the ids they generate are
+/// compared with the CPU in tests/gpu_model.rs (logits, with tolerances), not here. The fp8
+/// checkpoint is converted to e4m3fnuz for hip-emu (an AMD CDNA3 stand-in) and not for cuda-emu.
 #[test]
-fn run_on_the_emulated_gpu() {
-    let dir = fixture("llama_tied_f32");
-    let d = dir.to_str().unwrap();
-    let args = [
-        "run",
-        "--model",
-        d,
-        "--tokens",
-        "1,2,3",
-        "--max-new-tokens",
-        "3",
-        "--backend",
-        "cuda-emu",
-        "--json",
-    ];
-    let (ok, out, err) = memwall(&args);
-    if !cfg!(feature = "emulate") {
-        assert!(!ok && err.contains("--features emulate"), "{err}");
-        return;
+fn run_on_the_emulated_gpus() {
+    for (backend, converts) in [("cuda-emu", false), ("hip-emu", true)] {
+        for fixture_name in ["llama_tied_f32", "llama_fp8_channel"] {
+            let dir = fixture(fixture_name);
+            let d = dir.to_str().unwrap();
+            let args = [
+                "run",
+                "--model",
+                d,
+                "--tokens",
+                "1,2,3",
+                "--max-new-tokens",
+                "3",
+                "--backend",
+                backend,
+                "--json",
+            ];
+            let (ok, out, err) = memwall(&args);
+            if !cfg!(feature = "emulate") {
+                assert!(!ok && err.contains("--features emulate"), "{err}");
+                return;
+            }
+            assert!(ok, "{backend} {fixture_name}: {err}");
+            let v: serde_json::Value = serde_json::from_str(out.trim()).expect("json");
+            assert_eq!(v["backend"], backend);
+            assert_eq!(v["tokens"].as_array().map(Vec::len), Some(3));
+            let converted = v["weights"]["converted_tensors"].as_u64().expect("converted_tensors");
+            let fp8 = fixture_name.contains("fp8");
+            assert_eq!(
+                converted > 0,
+                converts && fp8,
+                "{backend} {fixture_name}: {converted} tensors converted"
+            );
+        }
     }
-    assert!(ok, "{err}");
-    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("json");
-    assert_eq!(v["backend"], "cuda-emu");
-    assert_eq!(v["tokens"].as_array().map(Vec::len), Some(3));
 }
 
 #[test]

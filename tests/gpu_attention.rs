@@ -6,7 +6,7 @@
 //! small splits, so some lane groups and splits see no position; the prefill kernel beside the
 //! decode kernel; the `even` decode kernel where the fast one would run), each into an output
 //! poisoned with NaN first. Emulated (feature `emulate`) under every thread schedule; on a GPU
-//! (feature `cuda`) with `cargo test --features cuda --test gpu_attention -- --ignored`
+//! (feature `cuda` or `hip`) with `cargo test --features cuda --test gpu_attention -- --ignored`
 //! (`MEMWALL_REQUIRE_GPU=1` makes a missing device fail).
 //!
 //! Tolerance (per element, derived in `bounds`): the fast CPU backend's derivation (tests/ops.rs)
@@ -15,7 +15,10 @@
 //! (lane groups of a block, splits of a row) that each weight a partial sum by one more exp.
 
 // Without a GPU feature the cases below have no backend to run on.
-#![cfg_attr(not(any(feature = "emulate", feature = "cuda")), allow(dead_code, unused_imports))]
+#![cfg_attr(
+    not(any(feature = "emulate", feature = "cuda", feature = "hip")),
+    allow(dead_code, unused_imports)
+)]
 
 mod common;
 
@@ -656,23 +659,17 @@ mod emulated {
 // ---------------------------------------------------------------------------------------------
 // CUDA
 
-#[cfg(feature = "cuda")]
-mod cuda {
-    use super::*;
-
-    #[test]
-    #[ignore = "needs a CUDA device"]
-    fn cuda_matches_reference() {
-        let Some(g) = common::gpu::cuda() else { return };
+device_tests! {
+    fn matches_reference(g, who) {
         for c in grid_cases().into_iter().chain(long_cases()) {
-            run_case("cuda", &g, &c, true);
+            run_case(who, &g, &c, true);
         }
         // An 8K decode across many splits and a long prefill.
         let bf = (DType::BF16, DType::BF16);
-        run_case("cuda", &g, &case(8, 4, 128, bf, &[(8191, 1)], false, 11), true);
-        run_case("cuda", &g, &case(2, 4, 128, bf, &[(300, 200), (0, 50)], true, 12), true);
-        kv_store_later_row_wins("cuda", &g);
-        data_errors("cuda", &g);
-        unsupported_head_dims("cuda", &g);
+        run_case(who, &g, &case(8, 4, 128, bf, &[(8191, 1)], false, 11), true);
+        run_case(who, &g, &case(2, 4, 128, bf, &[(300, 200), (0, 50)], true, 12), true);
+        kv_store_later_row_wins(who, &g);
+        data_errors(who, &g);
+        unsupported_head_dims(who, &g);
     }
 }

@@ -2,8 +2,8 @@
 //! silu_mul, add_assign, each against `cpu::Reference` over proptest shapes.
 //!
 //! Every op runs on each emulated backend (`--features memwall/emulate`: the kernels compiled as
-//! host C++ under three thread schedules) and, ignored unless asked for, on a CUDA device
-//! (`--features memwall/cuda -- --ignored`; `MEMWALL_REQUIRE_GPU=1` makes a missing device fail).
+//! host C++ under three thread schedules) and, ignored unless asked for, on a CUDA or ROCm device
+//! (`--features memwall/cuda` or `memwall/hip`, `-- --ignored`; `MEMWALL_REQUIRE_GPU=1` makes a missing device fail).
 //! Inputs are made on the host and uploaded to both backends; outputs are poisoned (NaN) first;
 //! each tolerance is derived in a comment next to it. Notation as tests/ops.rs: u = 2^-24 (f32
 //! unit roundoff), gamma(n) = n u / (1 - n u), U64 = 2^-53.
@@ -12,7 +12,10 @@
 //! result must equal the exactly sized run byte for byte, and the spare rows must keep their
 //! poison.
 
-#![cfg_attr(not(any(feature = "emulate", feature = "cuda")), allow(dead_code, unused_imports))]
+#![cfg_attr(
+    not(any(feature = "emulate", feature = "cuda", feature = "hip")),
+    allow(dead_code, unused_imports)
+)]
 
 mod common;
 
@@ -399,42 +402,23 @@ mod emulated {
     }
 }
 
-#[cfg(feature = "cuda")]
-mod cuda {
-    use super::*;
+device_tests! {
+    const CASES: u32 = 64;
 
-    const CUDA_CASES: u32 = 64;
-
-    #[test]
-    #[ignore = "needs a CUDA device"]
-    fn rms_norm_matches_reference() {
-        if let Some(b) = gpu::cuda() {
-            rms_norm_cases(&b, "cuda", CUDA_CASES);
-        }
+    fn rms_norm_matches_reference(b, who) {
+        rms_norm_cases(&b, who, CASES);
     }
 
-    #[test]
-    #[ignore = "needs a CUDA device"]
-    fn rope_matches_reference() {
-        if let Some(b) = gpu::cuda() {
-            rope_cases(&b, "cuda", CUDA_CASES);
-            rope_rejects_long_heads(&b);
-        }
+    fn rope_matches_reference(b, who) {
+        rope_cases(&b, who, CASES);
+        rope_rejects_long_heads(&b);
     }
 
-    #[test]
-    #[ignore = "needs a CUDA device"]
-    fn silu_mul_and_add_assign_match_reference() {
-        if let Some(b) = gpu::cuda() {
-            silu_mul_and_add_assign_cases(&b, "cuda", CUDA_CASES);
-        }
+    fn silu_mul_and_add_assign_match_reference(b, who) {
+        silu_mul_and_add_assign_cases(&b, who, CASES);
     }
 
-    #[test]
-    #[ignore = "needs a CUDA device"]
-    fn set_rows_is_respected() {
-        if let Some(b) = gpu::cuda() {
-            set_rows_respected(&b);
-        }
+    fn set_rows_is_respected(b, who) {
+        set_rows_respected(&b);
     }
 }

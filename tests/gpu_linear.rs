@@ -8,10 +8,13 @@
 //! bf16 parts of x and of f16 weights.
 //!
 //! Runs on each emulated backend (`--features memwall/emulate`) and, ignored unless asked for, on
-//! a CUDA device (`--features memwall/cuda -- --ignored`; `MEMWALL_REQUIRE_GPU=1` makes a missing
+//! a CUDA or ROCm device (`--features memwall/cuda` or `memwall/hip`, `-- --ignored`; `MEMWALL_REQUIRE_GPU=1` makes a missing
 //! device fail). Outputs are poisoned (NaN) first; the tolerance is derived next to it.
 
-#![cfg_attr(not(any(feature = "emulate", feature = "cuda")), allow(dead_code, unused_imports))]
+#![cfg_attr(
+    not(any(feature = "emulate", feature = "cuda", feature = "hip")),
+    allow(dead_code, unused_imports)
+)]
 
 mod common;
 
@@ -450,57 +453,31 @@ mod emulated {
     }
 }
 
-#[cfg(feature = "cuda")]
-mod cuda {
-    use super::*;
+device_tests! {
+    const CASES: u32 = 256;
 
-    const CUDA_CASES: u32 = 256;
-
-    #[test]
-    #[ignore = "needs a CUDA device"]
-    fn gemv_matches_reference() {
-        if let Some(b) = gpu::cuda() {
-            gemv_cases(&b, "cuda", CUDA_CASES);
-        }
+    fn gemv_matches_reference(b, who) {
+        gemv_cases(&b, who, CASES);
     }
 
-    #[test]
-    #[ignore = "needs a CUDA device"]
-    fn gemm_matches_reference() {
-        if let Some(b) = gpu::cuda() {
-            gemm_cases(&b, "cuda", CUDA_CASES);
-        }
+    fn gemm_matches_reference(b, who) {
+        gemm_cases(&b, who, CASES);
     }
 
-    #[test]
-    #[ignore = "needs a CUDA device"]
-    fn every_weight_dtype_and_scale_kind() {
-        if let Some(b) = gpu::cuda() {
-            every_instantiation(&b);
-        }
+    fn every_weight_dtype_and_scale_kind(b, who) {
+        every_instantiation(&b);
     }
 
-    #[test]
-    #[ignore = "needs a CUDA device"]
-    fn set_rows_is_respected() {
-        if let Some(b) = gpu::cuda() {
-            set_rows_respected(&b);
-        }
+    fn set_rows_is_respected(b, who) {
+        set_rows_respected(&b);
     }
 
-    #[test]
-    #[ignore = "needs a CUDA device"]
-    fn tensor_core_gemm_at_long_k() {
-        if let Some(b) = gpu::cuda() {
-            long_k(&b);
-        }
+    // On AMD the tensor-core shapes take the CUDA-core GEMM (no mma.sync there): the same checks.
+    fn tensor_core_gemm_at_long_k(b, who) {
+        long_k(&b);
     }
 
-    #[test]
-    #[ignore = "needs a CUDA device"]
-    fn tensor_core_gemm_uses_every_part() {
-        if let Some(b) = gpu::cuda() {
-            exact_parts(&b);
-        }
+    fn tensor_core_gemm_uses_every_part(b, who) {
+        exact_parts(&b);
     }
 }

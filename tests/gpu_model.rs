@@ -1,14 +1,14 @@
 //! The model graph on the GPU backend, unchanged: every parity fixture (transformers' logits and
 //! greedy tokens; `tests/parity/make_fixtures.py`) through `Session` on `Gpu<EmuDevice>` (the real
 //! kernels of `kernels-cuda/` on the SIMT layer, every thread schedule) and, on a GPU machine, on
-//! `Gpu<CudaDevice>`.
+//! `Gpu<CudaDevice>` or `Gpu<HipDevice>`.
 //!
 //! Tolerance: the kit's per-row relative error of 1e-4 (derivation in `parity_kit/mod.rs`: f32
 //! rounding along the fixtures' short reductions is ~1e-6). A batch may take other kernels than a
 //! single run (batched GEMV or GEMM, other attention splits), changing only the order of f32 sums,
 //! so batch and single runs are held to the same 1e-4.
 
-#![cfg(any(feature = "emulate", feature = "cuda"))]
+#![cfg(any(feature = "emulate", feature = "cuda", feature = "hip"))]
 
 mod common;
 #[path = "../model/tests/parity_kit/mod.rs"]
@@ -37,12 +37,43 @@ fn every_fixture_on_the_emulated_gpu() {
     }
 }
 
-#[cfg(feature = "cuda")]
-#[test]
-#[ignore = "needs a CUDA device"]
-fn every_fixture_on_cuda() {
-    for case in CASES {
-        let Some(backend) = common::gpu::cuda() else { return };
-        check_case_on(backend, case, TOLERANCE);
+// One test per fixture on each real GPU: a failure names its checkpoint.
+device_tests! {
+    fn llama31_gqa_bf16(b, who) {
+        check_case_on(b, "llama31_gqa_bf16", TOLERANCE);
     }
+
+    fn llama_tied_f32(b, who) {
+        check_case_on(b, "llama_tied_f32", TOLERANCE);
+    }
+
+    fn llama_mha_f16(b, who) {
+        check_case_on(b, "llama_mha_f16", TOLERANCE);
+    }
+
+    fn mixtral_top2_bf16(b, who) {
+        check_case_on(b, "mixtral_top2_bf16", TOLERANCE);
+    }
+
+    fn mixtral_top1_f32(b, who) {
+        check_case_on(b, "mixtral_top1_f32", TOLERANCE);
+    }
+
+    fn llama_fp8_channel(b, who) {
+        check_case_on(b, "llama_fp8_channel", TOLERANCE);
+    }
+}
+
+/// The device tests above cover every fixture.
+#[test]
+fn device_tests_cover_every_case() {
+    let covered = [
+        "llama31_gqa_bf16",
+        "llama_tied_f32",
+        "llama_mha_f16",
+        "mixtral_top2_bf16",
+        "mixtral_top1_f32",
+        "llama_fp8_channel",
+    ];
+    assert_eq!(CASES, covered);
 }

@@ -3,12 +3,15 @@
 //! errors (an id or index beyond its table) and tensors run at fewer rows than allocated.
 //!
 //! Every op runs on each emulated backend (`--features memwall/emulate`: the kernels compiled as
-//! host C++ under three thread schedules) and, ignored unless asked for, on a CUDA device
-//! (`--features memwall/cuda -- --ignored`; `MEMWALL_REQUIRE_GPU=1` makes a missing device fail).
+//! host C++ under three thread schedules) and, ignored unless asked for, on a CUDA or ROCm device
+//! (`--features memwall/cuda` or `memwall/hip`, `-- --ignored`; `MEMWALL_REQUIRE_GPU=1` makes a missing device fail).
 //! Inputs are made on the host and uploaded to both backends; outputs are poisoned (NaN) first;
 //! each tolerance is derived in a comment next to it (u = 2^-24, gamma(n) = n u / (1 - n u)).
 
-#![cfg_attr(not(any(feature = "emulate", feature = "cuda")), allow(dead_code, unused_imports))]
+#![cfg_attr(
+    not(any(feature = "emulate", feature = "cuda", feature = "hip")),
+    allow(dead_code, unused_imports)
+)]
 
 mod common;
 
@@ -493,41 +496,22 @@ mod emulated {
     }
 }
 
-#[cfg(feature = "cuda")]
-mod cuda {
-    use super::*;
+device_tests! {
+    const CASES: u32 = 64;
 
-    const CUDA_CASES: u32 = 64;
-
-    #[test]
-    #[ignore = "needs a CUDA device"]
-    fn embedding_matches_reference() {
-        if let Some(b) = gpu::cuda() {
-            embedding_cases(&b, "cuda", CUDA_CASES);
-        }
+    fn embedding_matches_reference(b, who) {
+        embedding_cases(&b, who, CASES);
     }
 
-    #[test]
-    #[ignore = "needs a CUDA device"]
-    fn gather_rows_matches_reference() {
-        if let Some(b) = gpu::cuda() {
-            gather_rows_cases(&b, "cuda", CUDA_CASES);
-        }
+    fn gather_rows_matches_reference(b, who) {
+        gather_rows_cases(&b, who, CASES);
     }
 
-    #[test]
-    #[ignore = "needs a CUDA device"]
-    fn scatter_add_rows_matches_reference() {
-        if let Some(b) = gpu::cuda() {
-            scatter_add_rows_cases(&b, "cuda", CUDA_CASES);
-        }
+    fn scatter_add_rows_matches_reference(b, who) {
+        scatter_add_rows_cases(&b, who, CASES);
     }
 
-    #[test]
-    #[ignore = "needs a CUDA device"]
-    fn set_rows_is_respected() {
-        if let Some(b) = gpu::cuda() {
-            set_rows_respected(&b);
-        }
+    fn set_rows_is_respected(b, who) {
+        set_rows_respected(&b);
     }
 }

@@ -11,10 +11,13 @@
 //! different sides); such cases are counted and must be rare.
 //!
 //! Runs on each emulated backend (`--features memwall/emulate`) and, ignored unless asked for, on
-//! a CUDA device (`--features memwall/cuda -- --ignored`; `MEMWALL_REQUIRE_GPU=1` makes a missing
+//! a CUDA or ROCm device (`--features memwall/cuda` or `memwall/hip`, `-- --ignored`; `MEMWALL_REQUIRE_GPU=1` makes a missing
 //! device fail). Outputs are poisoned first.
 
-#![cfg_attr(not(any(feature = "emulate", feature = "cuda")), allow(dead_code, unused_imports))]
+#![cfg_attr(
+    not(any(feature = "emulate", feature = "cuda", feature = "hip")),
+    allow(dead_code, unused_imports)
+)]
 
 mod common;
 
@@ -357,49 +360,26 @@ mod emulated {
     }
 }
 
-#[cfg(feature = "cuda")]
-mod cuda {
-    use super::*;
+device_tests! {
+    const CASES: u32 = 256;
 
-    const CUDA_CASES: u32 = 256;
-
-    #[test]
-    #[ignore = "needs a CUDA device"]
-    fn argmax_matches_reference() {
-        if let Some(b) = gpu::cuda() {
-            argmax_cases(&b, "cuda", CUDA_CASES);
-        }
+    fn argmax_matches_reference(b, who) {
+        argmax_cases(&b, who, CASES);
     }
 
-    #[test]
-    #[ignore = "needs a CUDA device"]
-    fn router_topk_matches_reference() {
-        if let Some(b) = gpu::cuda() {
-            router_cases(&b, "cuda", CUDA_CASES);
-        }
+    fn router_topk_matches_reference(b, who) {
+        router_cases(&b, who, CASES);
     }
 
-    #[test]
-    #[ignore = "needs a CUDA device"]
-    fn sample_matches_reference() {
-        if let Some(b) = gpu::cuda() {
-            sample_cases(&b, "cuda", CUDA_CASES);
-        }
+    fn sample_matches_reference(b, who) {
+        sample_cases(&b, who, CASES);
     }
 
-    #[test]
-    #[ignore = "needs a CUDA device"]
-    fn sample_uniforms_match() {
-        if let Some(b) = gpu::cuda() {
-            uniform_streams(&b);
-        }
+    fn sample_uniforms_match(b, who) {
+        uniform_streams(&b);
     }
 
-    #[test]
-    #[ignore = "needs a CUDA device"]
-    fn set_rows_is_respected() {
-        if let Some(b) = gpu::cuda() {
-            set_rows_respected(&b);
-        }
+    fn set_rows_is_respected(b, who) {
+        set_rows_respected(&b);
     }
 }

@@ -5,10 +5,13 @@
 //! with the unrolled loop and its tail), and the launcher's checks.
 //!
 //! Runs on each emulated backend (`--features memwall/emulate`) and, ignored unless asked for, on
-//! a CUDA device (`--features memwall/cuda -- --ignored`; `MEMWALL_REQUIRE_GPU=1` makes a missing
+//! a CUDA or ROCm device (`--features memwall/cuda` or `memwall/hip`, `-- --ignored`; `MEMWALL_REQUIRE_GPU=1` makes a missing
 //! device fail).
 
-#![cfg_attr(not(any(feature = "emulate", feature = "cuda")), allow(dead_code, unused_imports))]
+#![cfg_attr(
+    not(any(feature = "emulate", feature = "cuda", feature = "hip")),
+    allow(dead_code, unused_imports)
+)]
 
 mod common;
 
@@ -94,20 +97,29 @@ fn memwall(args: &[&str]) -> (bool, String, String) {
     )
 }
 
-/// `memwall peak --backend cuda`: without the feature, an error saying how to build it; with it
-/// and no device, the backend's "no CUDA device" (a GPU machine runs the command for real in
-/// scripts/device-check.sh).
+/// `memwall peak --backend cuda` and `--backend hip`: without the feature, an error saying how to
+/// build it; with it and no device, the backend's no-device error (a GPU machine runs the command
+/// for real in scripts/device-check.sh).
 #[test]
-fn peak_on_cuda_is_an_error_without_a_device() {
-    #[cfg(feature = "cuda")]
-    if memwall::runtime::gpu::cuda::device_count().is_ok_and(|n| n > 0) {
-        eprintln!("skipping: a CUDA device is present (scripts/device-check.sh runs the command)");
-        return;
+fn peak_on_a_gpu_is_an_error_without_a_device() {
+    for (backend, present, no_device) in
+        [("cuda", cfg!(feature = "cuda"), "no CUDA device"), ("hip", cfg!(feature = "hip"), "no ROCm device")]
+    {
+        #[cfg(feature = "cuda")]
+        if backend == "cuda" && memwall::runtime::gpu::cuda::device_count().is_ok_and(|n| n > 0) {
+            eprintln!("skipping cuda: a CUDA device is present (scripts/device-check.sh runs the command)");
+            continue;
+        }
+        #[cfg(feature = "hip")]
+        if backend == "hip" && memwall::runtime::gpu::hip::device_count().is_ok_and(|n| n > 0) {
+            eprintln!("skipping hip: a ROCm device is present");
+            continue;
+        }
+        let (ok, _, err) = memwall(&["peak", "--backend", backend, "--passes", "1"]);
+        assert!(!ok, "{backend} measured without a device");
+        let want = if present { no_device.to_string() } else { format!("--features {backend}") };
+        assert!(err.contains(&want), "{backend}: {err}");
     }
-    let (ok, _, err) = memwall(&["peak", "--backend", "cuda", "--passes", "1"]);
-    assert!(!ok);
-    let want = if cfg!(feature = "cuda") { "no CUDA device" } else { "--features cuda" };
-    assert!(err.contains(want), "{err}");
 }
 
 #[test]
@@ -175,26 +187,15 @@ mod emulated {
     }
 }
 
-#[cfg(feature = "cuda")]
-mod cuda {
-    use super::*;
-
-    #[test]
-    #[ignore = "needs a CUDA device"]
-    fn read_and_copy_match_the_host() {
-        if let Some(g) = gpu::cuda() {
-            // Add a few hundred MB: the full grid, many passes.
-            let mut vecs = VECS.to_vec();
-            vecs.push((300 << 20) / 16 + 7);
-            stream_cases(&g, "cuda", &vecs);
-        }
+device_tests! {
+    fn read_and_copy_match_the_host(g, who) {
+        // Add a few hundred MB: the full grid, many passes.
+        let mut vecs = VECS.to_vec();
+        vecs.push((300 << 20) / 16 + 7);
+        stream_cases(&g, who, &vecs);
     }
 
-    #[test]
-    #[ignore = "needs a CUDA device"]
-    fn bad_sizes_are_errors() {
-        if let Some(g) = gpu::cuda() {
-            bad_input(&g, "cuda");
-        }
+    fn bad_sizes_are_errors(g, who) {
+        bad_input(&g, who);
     }
 }

@@ -2,10 +2,10 @@
 
 use clap::{Args, ValueEnum};
 use memwall::peak::{self, Kernel, Measurement, StreamBuffers};
-#[cfg(any(feature = "cuda", feature = "emulate"))]
+#[cfg(any(feature = "cuda", feature = "hip", feature = "emulate"))]
 use memwall::peak_gpu::{self, GpuKernel, GpuMeasurement, GpuStreamBuffers};
 use memwall::runtime::Error;
-#[cfg(any(feature = "cuda", feature = "emulate"))]
+#[cfg(any(feature = "cuda", feature = "hip", feature = "emulate"))]
 use memwall::runtime::gpu::{Device, Gpu};
 
 /// Which device `memwall peak` measures.
@@ -16,6 +16,9 @@ pub enum PeakBackend {
     /// An NVIDIA GPU: the SM read and copy kernels of kernels-cuda/stream.cu and the copy engine,
     /// timed by CUDA events (builds with `--features cuda`).
     Cuda,
+    /// An AMD GPU: the same kernels compiled for it (kernels-hip/), and its copy engine
+    /// (`hipMemcpyDtoDAsync`), timed by HIP events (builds with `--features hip`).
+    Hip,
     /// The same kernels on the SIMT emulator (builds with `--features emulate`): checks the path;
     /// its figures are the CPU emulator's, not a GPU's.
     CudaEmu,
@@ -76,6 +79,16 @@ pub fn peak_cmd(args: &PeakArgs) -> Result<(), Error> {
                  src: &memwall::runtime::gpu::cuda::CudaBuffer| g.device().copy(dst, src);
             return gpu_peak(&g, ws, passes, json, &time, Some(&copy), "CUDA event times");
         }
+        #[cfg(feature = "hip")]
+        PeakBackend::Hip => {
+            let g = memwall::hip_backend(0)?;
+            let ws = working_set(working_set_gib, peak_gpu::DEFAULT_WORKING_SET)?;
+            let time = |f: &mut dyn FnMut() -> Result<(), Error>| g.device().time(f);
+            let copy =
+                |dst: &mut memwall::runtime::gpu::hip::HipBuffer,
+                 src: &memwall::runtime::gpu::hip::HipBuffer| { g.device().copy(dst, src) };
+            return gpu_peak(&g, ws, passes, json, &time, Some(&copy), "HIP event times");
+        }
         #[cfg(feature = "emulate")]
         PeakBackend::CudaEmu => {
             let g = memwall::emulated_backend(memwall::runtime::gpu::emu::Schedule::Forward)?;
@@ -85,14 +98,15 @@ pub fn peak_cmd(args: &PeakArgs) -> Result<(), Error> {
         }
         #[allow(unreachable_patterns)]
         other => {
+            let (backend, what, feature) = match other {
+                PeakBackend::Cuda => ("cuda", "CUDA", "cuda"),
+                PeakBackend::Hip => ("hip", "HIP", "hip"),
+                _ => ("cuda-emu", "emulated GPU", "emulate"),
+            };
             return Err(Error::Unsupported {
-                backend: if other == PeakBackend::Cuda { "cuda" } else { "cuda-emu" },
+                backend,
                 op: "peak",
-                reason: format!(
-                    "this build has no {} backend: build with `--features {}`",
-                    if other == PeakBackend::Cuda { "CUDA" } else { "emulated GPU" },
-                    if other == PeakBackend::Cuda { "cuda" } else { "emulate" }
-                ),
+                reason: format!("this build has no {what} backend: build with `--features {feature}`"),
             });
         }
     }
@@ -169,7 +183,7 @@ pub fn peak_cmd(args: &PeakArgs) -> Result<(), Error> {
 /// `memwall peak` on a GPU: the SM read and copy kernels (and, on CUDA, the copy engine), each the
 /// best of `passes` after a warm-up, checked after timing, against the datasheet part the driver
 /// name matches.
-#[cfg(any(feature = "cuda", feature = "emulate"))]
+#[cfg(any(feature = "cuda", feature = "hip", feature = "emulate"))]
 fn gpu_peak<D: Device>(
     g: &Gpu<D>,
     working_set: u64,

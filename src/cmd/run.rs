@@ -20,8 +20,11 @@ pub(crate) enum BackendName {
     /// The CUDA kernels run on the CPU by the SIMT emulator (builds with `--features emulate`;
     /// slow: for checking the GPU path without a GPU).
     CudaEmu,
-    /// AMD GPUs (not built yet).
+    /// An AMD GPU through the HIP runtime (builds with `--features hip`).
     Hip,
+    /// The HIP build of the kernels (warp 64, `kernels-hip/hip.h`) run on the CPU by the SIMT
+    /// emulator (builds with `--features emulate`; slow: the AMD path's logic without an AMD GPU).
+    HipEmu,
 }
 
 /// Element type of the KV cache.
@@ -127,28 +130,56 @@ pub fn run(args: &RunArgs) -> Result<(), BoxError> {
         }
         (prompts, Some(tok))
     };
-    match args.backend {
-        BackendName::Cpu => run_on(memwall::default_backend(), args, &prompts, tokenizer.as_ref()),
-        BackendName::CpuRef => run_on(memwall::runtime::cpu::Reference, args, &prompts, tokenizer.as_ref()),
-        #[cfg(feature = "cuda")]
-        BackendName::Cuda => run_on(memwall::cuda_backend(0)?, args, &prompts, tokenizer.as_ref()),
-        #[cfg(feature = "emulate")]
-        BackendName::CudaEmu => run_on(
-            memwall::emulated_backend(memwall::runtime::gpu::emu::Schedule::Forward)?,
-            args,
-            &prompts,
-            tokenizer.as_ref(),
-        ),
-        other => {
-            let why = match other {
-                BackendName::Cuda => "build with `--features cuda`",
-                BackendName::CudaEmu => "build with `--features emulate`",
-                _ => "the HIP backend is not written yet",
-            };
-            Err(format!("backend {other:?} is not in this build ({why}); use --backend cpu").into())
-        }
-    }
+    on_backend!(args.backend, b => run_on(b, args, &prompts, tokenizer.as_ref()))
 }
+
+/// `$body` with `$b` bound to the backend `$name` names (a `BackendName`), or the error saying how
+/// to build it when this build lacks it; `$body`'s value (a `Result<_, BoxError>`) is returned.
+macro_rules! on_backend {
+    ($name:expr, $b:ident => $body:expr) => {{
+        use $crate::cmd::run::BackendName;
+        match $name {
+            BackendName::Cpu => {
+                let $b = memwall::default_backend();
+                $body
+            }
+            BackendName::CpuRef => {
+                let $b = memwall::runtime::cpu::Reference;
+                $body
+            }
+            #[cfg(feature = "cuda")]
+            BackendName::Cuda => {
+                let $b = memwall::cuda_backend(0)?;
+                $body
+            }
+            #[cfg(feature = "hip")]
+            BackendName::Hip => {
+                let $b = memwall::hip_backend(0)?;
+                $body
+            }
+            #[cfg(feature = "emulate")]
+            BackendName::CudaEmu => {
+                let $b = memwall::emulated_backend(memwall::runtime::gpu::emu::Schedule::Forward)?;
+                $body
+            }
+            #[cfg(feature = "emulate")]
+            BackendName::HipEmu => {
+                let $b = memwall::emulated_hip_backend(memwall::runtime::gpu::emu::Schedule::Forward)?;
+                $body
+            }
+            #[allow(unreachable_patterns)]
+            other => {
+                let why = match other {
+                    BackendName::Cuda => "build with `--features cuda`",
+                    BackendName::Hip => "build with `--features hip`",
+                    _ => "build with `--features emulate`",
+                };
+                Err(format!("backend {other:?} is not in this build ({why}); use --backend cpu").into())
+            }
+        }
+    }};
+}
+pub(crate) use on_backend;
 
 fn run_on<B: Backend>(
     backend: B,
@@ -176,6 +207,16 @@ where
             let shown: Vec<&str> = model.report.unused.iter().take(8).map(String::as_str).collect();
             shown.join(", ")
         });
+    }
+    let stats = &model.report.stats;
+    if stats.converted_tensors > 0 && !args.json {
+        eprintln!(
+            "note: {} e4m3fn tensors ({} bytes) converted to {} for {}",
+            stats.converted_tensors,
+            stats.converted_bytes,
+            model.backend.native_e4m3(),
+            model.backend.name()
+        );
     }
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
     let capacity = longest.saturating_add(args.max_new_tokens).max(1);
@@ -239,6 +280,9 @@ where
             "weights": {
                 "mapped_bytes": model.report.stats.mapped_bytes,
                 "copied_bytes": model.report.stats.copied_bytes,
+                // e4m3fn weights converted at load for a device that reads e4m3fnuz (AMD CDNA3).
+                "converted_tensors": model.report.stats.converted_tensors,
+                "converted_bytes": model.report.stats.converted_bytes,
             },
             "session": {
                 "kv_dtype": session.options().cache_dtype.to_string(),

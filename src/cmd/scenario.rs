@@ -84,7 +84,7 @@ pub struct ScenarioArgs {
     search_steps: usize,
     /// Device of the predictions: a datasheet key (h200, h100-sxm, ...) or `this` (this machine,
     /// measured as `memwall wall --measure`: a few seconds). Default: h200 for the CUDA backends,
-    /// `this` for the CPU backends.
+    /// mi300x for the HIP backends, `this` for the CPU backends.
     #[arg(long)]
     device: Option<String>,
     /// A measured bandwidth, GB/s, for the predictions: this machine (or --device, measured) at it,
@@ -101,24 +101,7 @@ pub struct ScenarioArgs {
 }
 
 pub fn scenario_cmd(args: &ScenarioArgs) -> Result<(), BoxError> {
-    match args.backend {
-        BackendName::Cpu => run_on(memwall::default_backend(), args),
-        BackendName::CpuRef => run_on(memwall::runtime::cpu::Reference, args),
-        #[cfg(feature = "cuda")]
-        BackendName::Cuda => run_on(memwall::cuda_backend(0)?, args),
-        #[cfg(feature = "emulate")]
-        BackendName::CudaEmu => {
-            run_on(memwall::emulated_backend(memwall::runtime::gpu::emu::Schedule::Forward)?, args)
-        }
-        other => {
-            let why = match other {
-                BackendName::Cuda => "build with `--features cuda`",
-                BackendName::CudaEmu => "build with `--features emulate`",
-                _ => "the HIP backend is not written yet",
-            };
-            Err(format!("backend {other:?} is not in this build ({why}); use --backend cpu").into())
-        }
-    }
+    super::run::on_backend!(args.backend, b => run_on(b, args))
 }
 
 /// One scenario's measurement and prediction.
@@ -150,8 +133,12 @@ const CLOCK: &str =
     "engine clock: advanced by each step's measured duration; idle gaps to the next arrival skipped";
 
 fn device_for(args: &ScenarioArgs, notes: &mut Vec<String>) -> Result<Device, BoxError> {
-    let gpu = matches!(args.backend, BackendName::Cuda | BackendName::CudaEmu | BackendName::Hip);
-    let name = args.device.clone().unwrap_or_else(|| if gpu { "h200".into() } else { "this".into() });
+    let default = match args.backend {
+        BackendName::Cuda | BackendName::CudaEmu => "h200",
+        BackendName::Hip | BackendName::HipEmu => "mi300x",
+        BackendName::Cpu | BackendName::CpuRef => "this",
+    };
+    let name = args.device.clone().unwrap_or_else(|| default.into());
     let this = super::wall::is_this_machine(&name);
     Ok(match (this, args.bandwidth_gbs) {
         (true, Some(bw)) => {

@@ -3,9 +3,11 @@
 //! - `emulated()`: `Gpu<EmuDevice>` under each thread schedule (forward, reverse, seeded random),
 //!   so a missing barrier shows up as a wrong result under at least one of them, and the HIP build
 //!   of the kernels at warp 64 (feature `emulate`; empty without it).
-//! - `cuda()`: `Gpu<CudaDevice>` on device 0 (feature `cuda`). Tests that use it are
-//!   `#[ignore = "needs a CUDA device"]`; when run, a missing device skips the test with a
+//! - `cuda()`: `Gpu<CudaDevice>` on device 0 (feature `cuda`), and `hip()`: `Gpu<HipDevice>` on
+//!   AMD GPU 0 (feature `hip`). Tests that use them are `#[ignore = "needs a CUDA device"]` or
+//!   `#[ignore = "needs a ROCm device"]`; when run, a missing device skips the test with a
 //!   message, unless `MEMWALL_REQUIRE_GPU=1`, which makes it fail.
+//! - `device_tests!`: writes a suite's device tests once, for both.
 
 use memwall_runtime::{Backend, HostTensor, Linear, Tensor, WeightScale};
 
@@ -37,6 +39,61 @@ pub fn cuda() -> Option<memwall::runtime::gpu::Gpu<memwall::runtime::gpu::cuda::
             None
         }
     }
+}
+
+#[cfg(feature = "hip")]
+pub fn hip() -> Option<memwall::runtime::gpu::Gpu<memwall::runtime::gpu::hip::HipDevice>> {
+    match memwall::hip_backend(0) {
+        Ok(b) => Some(b),
+        Err(e) if gpu_required() => panic!("MEMWALL_REQUIRE_GPU=1 but no HIP backend: {e}"),
+        Err(e) => {
+            eprintln!("skipping: {e}");
+            None
+        }
+    }
+}
+
+/// A suite's tests on the real GPUs, written once: each `fn name(b, who) { body }` becomes
+/// `cuda::name` (feature `cuda`, `#[ignore = "needs a CUDA device"]`) and `hip::name` (feature
+/// `hip`, `#[ignore = "needs a ROCm device"]`), whose body runs with `b` the device's backend and
+/// `who` its name ("cuda", "hip"), or skips (fails under `MEMWALL_REQUIRE_GPU=1`) without one.
+/// Leading `const` items are copied into both modules.
+#[macro_export]
+macro_rules! device_tests {
+    ($(const $c:ident: $t:ty = $v:expr;)* $(fn $name:ident($b:ident, $who:ident) $body:block)*) => {
+        #[cfg(feature = "cuda")]
+        mod cuda {
+            #[allow(unused_imports)]
+            use super::*;
+            $(const $c: $t = $v;)*
+            $(
+                #[test]
+                #[ignore = "needs a CUDA device"]
+                #[allow(unused_variables)]
+                fn $name() {
+                    let Some($b) = crate::common::gpu::cuda() else { return };
+                    let $who = "cuda";
+                    $body
+                }
+            )*
+        }
+        #[cfg(feature = "hip")]
+        mod hip {
+            #[allow(unused_imports)]
+            use super::*;
+            $(const $c: $t = $v;)*
+            $(
+                #[test]
+                #[ignore = "needs a ROCm device"]
+                #[allow(unused_variables)]
+                fn $name() {
+                    let Some($b) = crate::common::gpu::hip() else { return };
+                    let $who = "hip";
+                    $body
+                }
+            )*
+        }
+    };
 }
 
 /// A copy of a host tensor on backend `b` (same dtype, shape and bytes).

@@ -242,6 +242,40 @@ impl HipDevice {
         Ok((free, total))
     }
 
+    /// Seconds the work `f` queues takes on the device, from two events recorded around it on
+    /// the stream (`hipEventElapsedTime`, about 1 us resolution): what the peak measurement and
+    /// the benches time.
+    pub fn time(&self, f: impl FnOnce() -> Result<()>) -> Result<f64> {
+        self.bind()?;
+        let start = Event::new()?;
+        let end = Event::new()?;
+        // SAFETY: live events and this device's stream.
+        unsafe { check("recording an event", sys::hipEventRecord(start.0, self.stream))? };
+        f()?;
+        let mut ms = 0f32;
+        // SAFETY: as above; `ms` is valid for the write.
+        unsafe {
+            check("recording an event", sys::hipEventRecord(end.0, self.stream))?;
+            check("waiting for an event", sys::hipEventSynchronize(end.0))?;
+            check("timing events", sys::hipEventElapsedTime(&mut ms, start.0, end.0))?;
+        }
+        Ok(f64::from(ms) / 1e3)
+    }
+
+    /// Copies all of `src` to the start of `dst` on the stream (`hipMemcpyDtoDAsync`): the
+    /// device's copy ceiling, as `memwall peak` measures it.
+    pub fn copy(&self, dst: &mut HipBuffer, src: &HipBuffer) -> Result<()> {
+        self.check_range("copy", dst.len, 0, src.len)?;
+        self.bind()?;
+        // SAFETY: both ranges lie inside live buffers of this device.
+        unsafe {
+            check(
+                &format!("copying {} bytes on the device", src.len),
+                sys::hipMemcpyDtoDAsync(dst.ptr, src.ptr, src.len, self.stream),
+            )
+        }
+    }
+
     fn check_range(&self, what: &str, len: usize, offset: usize, n: usize) -> Result<()> {
         if offset.checked_add(n).is_none_or(|end| end > len) {
             return Err(device_err(format!(
@@ -249,6 +283,25 @@ impl HipDevice {
             )));
         }
         Ok(())
+    }
+}
+
+/// A HIP event, destroyed on drop.
+struct Event(sys::hipEvent_t);
+
+impl Event {
+    fn new() -> Result<Event> {
+        let mut e: sys::hipEvent_t = std::ptr::null_mut();
+        // SAFETY: `e` is valid for the write.
+        unsafe { check("creating an event", sys::hipEventCreate(&mut e))? };
+        Ok(Event(e))
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: created by hipEventCreate, destroyed once; an error has nowhere to go.
+        let _ = unsafe { sys::hipEventDestroy(self.0) };
     }
 }
 
