@@ -21,7 +21,7 @@ use std::sync::Mutex;
 
 use hip_sys::hiprt as sys;
 
-use super::{Device, DeviceInfo, KernelImage, LaunchCfg, Vendor};
+use super::{Device, DeviceInfo, KernelImage, LaunchCfg, Vendor, check_range};
 use crate::{Error, Result};
 
 fn device_err(msg: impl Into<String>) -> Error {
@@ -241,15 +241,6 @@ impl HipDevice {
         unsafe { check("hipMemGetInfo", sys::hipMemGetInfo(&mut free, &mut total))? };
         Ok((free, total))
     }
-
-    fn check_range(&self, what: &str, len: usize, offset: usize, n: usize) -> Result<()> {
-        if offset.checked_add(n).is_none_or(|end| end > len) {
-            return Err(device_err(format!(
-                "{what} of {n} bytes at offset {offset} outside a {len}-byte buffer"
-            )));
-        }
-        Ok(())
-    }
 }
 
 fn query_info(id: i32) -> Result<(DeviceInfo, String)> {
@@ -321,7 +312,7 @@ impl Device for HipDevice {
     }
 
     fn write(&self, dst: &mut HipBuffer, offset: usize, bytes: &[u8]) -> Result<()> {
-        self.check_range("write", dst.len, offset, bytes.len())?;
+        check_range(self.name(), "write", offset, bytes.len(), dst.len)?;
         if bytes.is_empty() {
             return Ok(());
         }
@@ -342,7 +333,7 @@ impl Device for HipDevice {
     }
 
     fn read(&self, src: &HipBuffer, offset: usize, out: &mut [u8]) -> Result<()> {
-        self.check_range("read", src.len, offset, out.len())?;
+        check_range(self.name(), "read", offset, out.len(), src.len)?;
         if out.is_empty() {
             return self.synchronize();
         }
