@@ -40,7 +40,7 @@ fn emu() -> Emu {
 }
 
 fn fnuz(inner: Emu) -> WithNativeE4m3<Emu> {
-    WithNativeE4m3 { inner, native: DType::F8E4M3Fnuz }
+    WithNativeE4m3::new(inner, DType::F8E4M3Fnuz)
 }
 
 #[test]
@@ -57,10 +57,6 @@ enum Scheme {
     PerTensor,
     PerChannel(DType),
     Block(DType, usize, usize),
-}
-
-fn host_bytes(t: &HostTensor) -> Vec<u8> {
-    t.storage().bytes()[..t.nbytes()].to_vec()
 }
 
 /// A random e4m3fn weight `[n, k]` on the host (every non-NaN code can occur; NaN codes are
@@ -88,26 +84,11 @@ fn fn_weight(rng: &mut Rng, n: usize, k: usize, scheme: Scheme) -> Linear<HostSt
     Linear { weight, scale }
 }
 
-/// `w` converted as the loader converts it, on `b`: codes through `fp8::e4m3fn_to_e4m3fnuz_in_place`
-/// uploaded as e4m3fnuz, scale doubled (`None` becomes 2).
+/// `w` converted as the loader converts it (`fp8::linear_to_fnuz` on a host copy), on `b`.
 fn fnuz_on<B: Backend>(b: &B, w: &Linear<HostStorage>) -> Linear<B::Storage> {
-    let mut codes = host_bytes(&w.weight);
-    fp8::e4m3fn_to_e4m3fnuz_in_place(&mut codes).unwrap();
-    let weight = b.upload(DType::F8E4M3Fnuz, w.weight.shape(), &codes).unwrap();
-    let doubled = |t: &HostTensor| {
-        let mut bytes = host_bytes(t);
-        fp8::double_scales_in_place(t.dtype(), &mut bytes).unwrap();
-        b.upload(t.dtype(), t.shape(), &bytes).unwrap()
-    };
-    let scale = match &w.scale {
-        WeightScale::None => WeightScale::PerTensor(2.0),
-        WeightScale::PerTensor(s) => WeightScale::PerTensor(fp8::double_scale(*s).unwrap()),
-        WeightScale::PerChannel(s) => WeightScale::PerChannel(doubled(s)),
-        WeightScale::Block { block_rows, block_cols, scales } => {
-            WeightScale::Block { block_rows: *block_rows, block_cols: *block_cols, scales: doubled(scales) }
-        }
-    };
-    Linear { weight, scale }
+    let mut u = w.upload_to(&Reference).expect("host copy");
+    fp8::linear_to_fnuz(&mut u).expect("an e4m3fn weight without NaN codes");
+    linear_to_backend(b, &u)
 }
 
 /// Equal bits, or both an exact zero of either sign.

@@ -4,16 +4,17 @@
 //! are windows of the memory-mapped files, used in place; elsewhere they are uploaded.
 //!
 //! One exception: on a device whose fp8 hardware reads e4m3fnuz (`Backend::native_e4m3`, AMD
-//! MI300X), e4m3fn weights are converted on the host before the upload: each code becomes the
-//! fnuz code of half its value (the same bits; 0x80, fn's -0, becomes 0x00) and the weight's scale
-//! is doubled (no scale becomes a per-tensor scale of 2). Both factors are powers of two, so the
+//! MI300X), e4m3fn weights are converted on the host before the upload, by the runtime's
+//! `fp8::linear_to_fnuz` (the conversion its tests exercise too): each code becomes the fnuz code
+//! of half its value (the same bits; 0x80, fn's -0, becomes 0x00) and the weight's scale is
+//! doubled (no scale becomes a per-tensor scale of 2). Both factors are powers of two, so the
 //! real weights, and every product with them, are exactly those of the checkpoint. An fn NaN code
 //! has no fnuz counterpart and is a typed error naming the tensor and byte.
 
 use std::any::{Any, TypeId};
 use std::collections::{BTreeMap, BTreeSet};
 
-use memwall_runtime::{Backend, DType, HostStorage, Linear, Tensor, WeightScale, fp8};
+use memwall_runtime::{Backend, DType, HostStorage, HostTensor, Linear, Tensor, WeightScale, fp8};
 use safetensors::tensor::Dtype;
 
 use crate::checkpoint::{Checkpoint, TensorRecord};
@@ -318,102 +319,83 @@ fn scalar_scale(ckpt: &Checkpoint, s: &ResolvedScale) -> Result<f32> {
     Ok(value)
 }
 
-/// The scale tensor of a checkpoint on the backend, doubled on the host first when `double`.
-fn scale_tensor_on<B: Backend>(
-    backend: &B,
+/// The scale of matrix `r` as the checkpoint stores it, its scale tensor (if it has one) made by
+/// `tensor` from the scale's record and dtype.
+fn matrix_scale<S>(
     ckpt: &Checkpoint,
-    s: &ResolvedScale,
-    double: bool,
-    stats: &mut LoadStats,
-) -> Result<Tensor<B::Storage>>
-where
-    B::Storage: 'static,
-{
-    let sd = runtime_dtype(&s.rec, &s.name)?;
-    if !double {
-        return tensor_on(backend, ckpt, &s.rec, sd, stats);
-    }
-    let mut bytes = ckpt.bytes(&s.rec).to_vec();
-    fp8::double_scales_in_place(sd, &mut bytes).map_err(|e| convert_err(ckpt, &s.rec, &s.name, e))?;
-    stats.tensors += 1;
-    stats.copied_bytes += bytes.len() as u64;
-    Ok(backend.upload(sd, &s.rec.shape, &bytes)?)
+    r: &Resolved,
+    tensor: impl FnOnce(&TensorRecord, DType) -> Result<Tensor<S>>,
+) -> Result<WeightScale<S>> {
+    let Some(s) = &r.scale else { return Ok(WeightScale::None) };
+    Ok(match s.scheme {
+        Fp8Scheme::PerTensor => WeightScale::PerTensor(scalar_scale(ckpt, s)?),
+        Fp8Scheme::PerChannel => WeightScale::PerChannel(tensor(&s.rec, runtime_dtype(&s.rec, &s.name)?)?),
+        Fp8Scheme::Block { rows, cols } => WeightScale::Block {
+            block_rows: rows,
+            block_cols: cols,
+            scales: tensor(&s.rec, runtime_dtype(&s.rec, &s.name)?)?,
+        },
+    })
 }
 
-fn convert_err(ckpt: &Checkpoint, rec: &TensorRecord, name: &str, e: fp8::ConvertError) -> ModelError {
-    let tensor = name.to_string();
+/// A conversion error of matrix `r`, as the checkpoint error naming the tensor (and byte) at fault.
+fn convert_err(ckpt: &Checkpoint, r: &Resolved, e: fp8::ConvertError) -> ModelError {
+    let scale = r.scale.as_ref();
+    let scale_name = || scale.map_or_else(|| r.name.clone(), |s| s.name.clone());
     ModelError::Checkpoint(match e {
         fp8::ConvertError::NanCode { offset, code } => CheckpointError::Fp8NanCode {
-            tensor,
-            path: ckpt.files[rec.file].path.clone(),
+            tensor: r.name.clone(),
+            path: ckpt.files[r.rec.file].path.clone(),
             offset,
-            file_offset: rec.offset + offset,
+            file_offset: r.rec.offset + offset,
             code,
         },
         fp8::ConvertError::ScaleOverflow { index, value, dtype } => {
-            CheckpointError::ScaleOverflow { scale: tensor, index, value, dtype: dtype.to_string() }
+            CheckpointError::ScaleOverflow { scale: scale_name(), index, value, dtype: dtype.to_string() }
         }
-        // `check` admitted only f32 and bf16 scales of whole elements; kept typed all the same.
+        // `check` admitted only f32 and bf16 scales of whole elements, and `load` converts only
+        // e4m3fn weights, copied into owned memory; kept typed all the same.
         fp8::ConvertError::ScaleBytes { .. } => CheckpointError::WrongDType {
-            tensor,
-            got: format!("{:?}", rec.st_dtype),
+            tensor: scale_name(),
+            got: format!("{:?}", scale.map_or(r.rec.st_dtype, |s| s.rec.st_dtype)),
             expected: dtype_list(SCALE_DTYPES),
         },
-    })
-}
-
-/// The scale of a matrix, doubled when its e4m3fn weight is converted to e4m3fnuz (`double`).
-fn matrix_scale<B: Backend>(
-    backend: &B,
-    ckpt: &Checkpoint,
-    r: &Resolved,
-    double: bool,
-    stats: &mut LoadStats,
-) -> Result<WeightScale<B::Storage>>
-where
-    B::Storage: 'static,
-{
-    Ok(match &r.scale {
-        None if double => WeightScale::PerTensor(2.0),
-        None => WeightScale::None,
-        Some(s) => match s.scheme {
-            Fp8Scheme::PerTensor => {
-                let v = scalar_scale(ckpt, s)?;
-                if double {
-                    let d = fp8::double_scale(v).map_err(|e| convert_err(ckpt, &s.rec, &s.name, e))?;
-                    WeightScale::PerTensor(d)
-                } else {
-                    WeightScale::PerTensor(v)
-                }
-            }
-            Fp8Scheme::PerChannel => {
-                WeightScale::PerChannel(scale_tensor_on(backend, ckpt, s, double, stats)?)
-            }
-            Fp8Scheme::Block { rows, cols } => WeightScale::Block {
-                block_rows: rows,
-                block_cols: cols,
-                scales: scale_tensor_on(backend, ckpt, s, double, stats)?,
-            },
+        fp8::ConvertError::NotE4m3fn { .. } => CheckpointError::WrongDType {
+            tensor: r.name.clone(),
+            got: format!("{:?}", r.rec.st_dtype),
+            expected: dtype_list(&[Dtype::F8_E4M3]),
         },
+        fp8::ConvertError::ReadOnly { tensor } => {
+            return ModelError::Runtime(memwall_runtime::Error::ReadOnly {
+                op: "fp8::linear_to_fnuz",
+                tensor,
+            });
+        }
     })
 }
 
-/// An e4m3fn matrix on a device that reads e4m3fnuz: its codes converted on the host (one pass,
-/// in parallel) and uploaded as e4m3fnuz; the caller doubles its scale.
-fn fnuz_weight_on<B: Backend>(
+/// An e4m3fn matrix on a device that reads e4m3fnuz: the weight and its scale copied from the
+/// checkpoint into owned host memory, converted there by `fp8::linear_to_fnuz` (one pass over the
+/// codes, in parallel), and uploaded.
+fn fnuz_linear_on<B: Backend>(
     backend: &B,
     ckpt: &Checkpoint,
     r: &Resolved,
     stats: &mut LoadStats,
-) -> Result<Tensor<B::Storage>> {
-    let mut codes = ckpt.bytes(&r.rec).to_vec();
-    fp8::e4m3fn_to_e4m3fnuz_in_place(&mut codes).map_err(|e| convert_err(ckpt, &r.rec, &r.name, e))?;
-    let len = codes.len() as u64;
-    stats.tensors += 1;
-    stats.copied_bytes += len;
+) -> Result<Linear<B::Storage>> {
+    let owned = |rec: &TensorRecord, dtype: DType| -> Result<HostTensor> {
+        Ok(Tensor::new(HostStorage::from_bytes(ckpt.bytes(rec))?, dtype, &rec.shape)?)
+    };
+    let mut host = Linear { weight: owned(&r.rec, DType::F8E4M3Fn)?, scale: matrix_scale(ckpt, r, owned)? };
+    let converted = fp8::linear_to_fnuz(&mut host).map_err(|e| convert_err(ckpt, r, e))?;
+    let linear = host.upload_to(backend)?;
+    let scale_tensors =
+        usize::from(matches!(linear.scale, WeightScale::PerChannel(_) | WeightScale::Block { .. }));
+    stats.tensors += 1 + scale_tensors;
+    stats.copied_bytes += (converted.code_bytes + converted.scale_bytes) as u64;
     stats.converted_tensors += 1;
-    stats.converted_bytes += len;
-    Ok(backend.upload(DType::F8E4M3Fnuz, &r.rec.shape, &codes)?)
+    stats.converted_bytes += converted.code_bytes as u64;
+    Ok(linear)
 }
 
 /// Loads the checked manifest onto `backend`; e4m3fn weights are converted to e4m3fnuz when the
@@ -440,14 +422,15 @@ where
                 vectors.insert(r.name.clone(), tensor_on(backend, ckpt, &r.rec, dtype, &mut stats)?);
             }
             Kind::Matrix { .. } => {
-                let convert = to_fnuz && dtype == DType::F8E4M3Fn;
-                let weight = if convert {
-                    fnuz_weight_on(backend, ckpt, r, &mut stats)?
+                let linear = if to_fnuz && dtype == DType::F8E4M3Fn {
+                    fnuz_linear_on(backend, ckpt, r, &mut stats)?
                 } else {
-                    tensor_on(backend, ckpt, &r.rec, dtype, &mut stats)?
+                    let weight = tensor_on(backend, ckpt, &r.rec, dtype, &mut stats)?;
+                    let scale =
+                        matrix_scale(ckpt, r, |rec, sd| tensor_on(backend, ckpt, rec, sd, &mut stats))?;
+                    Linear { weight, scale }
                 };
-                let scale = matrix_scale(backend, ckpt, r, convert, &mut stats)?;
-                matrices.insert(r.name.clone(), Linear { weight, scale });
+                matrices.insert(r.name.clone(), linear);
             }
         }
         progress(i + 1, total);

@@ -20,7 +20,7 @@ use memwall_runtime::{Backend, DType, HostTensor, Linear, WeightScale, WithNativ
 use serde_json::{Value, json};
 
 fn fnuz_reference() -> WithNativeE4m3<cpu::Reference> {
-    WithNativeE4m3 { inner: cpu::Reference, native: DType::F8E4M3Fnuz }
+    WithNativeE4m3::new(cpu::Reference, DType::F8E4M3Fnuz)
 }
 
 /// A tiny model with every matrix in e4m3fn (`scheme` "tensor", "channel" or "block" 16x16, scales

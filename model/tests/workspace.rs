@@ -9,133 +9,28 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use common::*;
 use memwall_model::session::{DEFAULT_MAX_PREFILL_ROWS, Row};
 use memwall_model::{GenerateOptions, Generation, Model, ModelError, Session, SessionOptions};
-use memwall_runtime::ops::{AttnDims, GatherDims, LinearDims, RopeDims, RowsDims, TopKDims};
-use memwall_runtime::{
-    Backend, DType, KvCacheLayer, Linear, Result as RtResult, Rope, SamplingParams, Tensor, cpu,
-};
+use memwall_runtime::{Backend, DType, Hook, SamplingParams, Wrapped, cpu};
 use serde_json::Value;
 
+/// Counts the allocations of the backend it hooks.
+#[derive(Debug, Default)]
+struct Allocs(AtomicUsize);
+
+impl Hook for Allocs {
+    fn on_alloc(&self, _bytes: usize) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
 /// A backend that runs `inner` and counts its allocations.
-struct Counting<B> {
-    inner: B,
-    allocs: AtomicUsize,
+type Counting<B> = Wrapped<B, Allocs>;
+
+fn counting<B>(inner: B) -> Counting<B> {
+    Wrapped { inner, hook: Allocs::default() }
 }
 
-impl<B> Counting<B> {
-    fn new(inner: B) -> Self {
-        Counting { inner, allocs: AtomicUsize::new(0) }
-    }
-    fn allocs(&self) -> usize {
-        self.allocs.load(Ordering::SeqCst)
-    }
-}
-
-type T<B> = Tensor<<B as Backend>::Storage>;
-
-impl<B: Backend> Backend for Counting<B> {
-    type Storage = B::Storage;
-
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-    fn exec_alloc(&self, bytes: usize) -> RtResult<B::Storage> {
-        self.allocs.fetch_add(1, Ordering::SeqCst);
-        self.inner.exec_alloc(bytes)
-    }
-    fn exec_write(&self, dst: &mut B::Storage, bytes: &[u8]) -> RtResult<()> {
-        self.inner.exec_write(dst, bytes)
-    }
-    fn exec_read(&self, src: &B::Storage, out: &mut [u8]) -> RtResult<()> {
-        self.inner.exec_read(src, out)
-    }
-    fn synchronize(&self) -> RtResult<()> {
-        self.inner.synchronize()
-    }
-    fn exec_linear(&self, d: LinearDims, x: &T<B>, w: &Linear<B::Storage>, y: &mut T<B>) -> RtResult<()> {
-        self.inner.exec_linear(d, x, w, y)
-    }
-    fn exec_rms_norm(&self, d: RowsDims, x: &T<B>, weight: &T<B>, eps: f32, y: &mut T<B>) -> RtResult<()> {
-        self.inner.exec_rms_norm(d, x, weight, eps, y)
-    }
-    fn exec_rope(&self, d: RopeDims, x: &mut T<B>, positions: &T<B>, rope: &Rope) -> RtResult<()> {
-        self.inner.exec_rope(d, x, positions, rope)
-    }
-    fn exec_silu_mul(&self, d: RowsDims, gate: &T<B>, up: &T<B>, out: &mut T<B>) -> RtResult<()> {
-        self.inner.exec_silu_mul(d, gate, up, out)
-    }
-    fn exec_add_assign(&self, d: RowsDims, x: &mut T<B>, y: &T<B>) -> RtResult<()> {
-        self.inner.exec_add_assign(d, x, y)
-    }
-    fn exec_embedding(
-        &self,
-        d: GatherDims,
-        table: &Linear<B::Storage>,
-        ids: &T<B>,
-        out: &mut T<B>,
-    ) -> RtResult<()> {
-        self.inner.exec_embedding(d, table, ids, out)
-    }
-    fn exec_kv_store(
-        &self,
-        d: AttnDims,
-        k: &T<B>,
-        v: &T<B>,
-        cache: &mut KvCacheLayer<B::Storage>,
-        table: &T<B>,
-        slots: &T<B>,
-        positions: &T<B>,
-    ) -> RtResult<()> {
-        self.inner.exec_kv_store(d, k, v, cache, table, slots, positions)
-    }
-    fn exec_attention(
-        &self,
-        d: AttnDims,
-        q: &T<B>,
-        cache: &KvCacheLayer<B::Storage>,
-        table: &T<B>,
-        slots: &T<B>,
-        positions: &T<B>,
-        scale: f32,
-        out: &mut T<B>,
-    ) -> RtResult<()> {
-        self.inner.exec_attention(d, q, cache, table, slots, positions, scale, out)
-    }
-    fn exec_router_topk(
-        &self,
-        d: TopKDims,
-        logits: &T<B>,
-        ids: &mut T<B>,
-        weights: &mut T<B>,
-    ) -> RtResult<()> {
-        self.inner.exec_router_topk(d, logits, ids, weights)
-    }
-    fn exec_argmax(&self, d: RowsDims, logits: &T<B>, out: &mut T<B>) -> RtResult<()> {
-        self.inner.exec_argmax(d, logits, out)
-    }
-    fn exec_sample(
-        &self,
-        d: RowsDims,
-        logits: &T<B>,
-        params: &SamplingParams,
-        seeds: &T<B>,
-        steps: &T<B>,
-        out: &mut T<B>,
-    ) -> RtResult<()> {
-        self.inner.exec_sample(d, logits, params, seeds, steps, out)
-    }
-    fn exec_gather_rows(&self, d: GatherDims, src: &T<B>, idx: &T<B>, out: &mut T<B>) -> RtResult<()> {
-        self.inner.exec_gather_rows(d, src, idx, out)
-    }
-    fn exec_scatter_add_rows(
-        &self,
-        d: GatherDims,
-        dst: &mut T<B>,
-        idx: &T<B>,
-        src: &T<B>,
-        weights: &T<B>,
-    ) -> RtResult<()> {
-        self.inner.exec_scatter_add_rows(d, dst, idx, src, weights)
-    }
+fn allocs<B>(b: &Counting<B>) -> usize {
+    b.hook.0.load(Ordering::SeqCst)
 }
 
 fn model<B: Backend>(backend: B, cfg: &Value, dtype: DType, dir: &TempDir) -> Model<B>
@@ -191,18 +86,18 @@ fn generation_allocates_nothing_after_new() {
         B::Storage: 'static,
     {
         let dir = TempDir::new(name);
-        let m = model(Counting::new(inner), cfg, dtype, &dir);
+        let m = model(counting(inner), cfg, dtype, &dir);
         let who = format!("{name} on {}", m.backend.name());
         for prefill in [1, 4, DEFAULT_MAX_PREFILL_ROWS] {
-            let before = m.backend.allocs();
+            let before = allocs(&m.backend);
             let mut s = Session::new(&m, opts(3, 32, prefill, DType::BF16)).expect("session");
             // k and v per layer, the block table; the workspace's 17 buffers of every model, plus
             // the dense MLP's 3 or Mixtral's 3 router buffers and 7 of the expert bucket. Each
             // exactly once.
             let layers = m.config.num_layers;
             let workspace = if m.config.moe.is_some() { 17 + 3 + 7 } else { 17 + 3 };
-            assert_eq!(m.backend.allocs() - before, 2 * layers + 1 + workspace, "{who}: allocations of new");
-            let after_new = m.backend.allocs();
+            assert_eq!(allocs(&m.backend) - before, 2 * layers + 1 + workspace, "{who}: allocations of new");
+            let after_new = allocs(&m.backend);
             let g = s.generate(&prompts(), &recorded(6)).expect("generate");
             assert_eq!(g.tokens.iter().map(Vec::len).collect::<Vec<_>>(), [6, 6, 6]);
             s.generate(&prompts(), &sampled(5)).expect("sampled");
@@ -215,7 +110,7 @@ fn generation_allocates_nothing_after_new() {
             s.step(&rows, &[0, 1, 2], false, true, (&greedy, &[0; 3], &[0; 3])).expect("step");
             s.step(&rows[..1], &[], false, false, (&greedy, &[], &[])).expect("step picking nothing");
             assert_eq!(
-                m.backend.allocs(),
+                allocs(&m.backend),
                 after_new,
                 "{who}, max_prefill_rows {prefill}: generate allocated"
             );

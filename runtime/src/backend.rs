@@ -12,6 +12,13 @@ use crate::ops::{
 use crate::{DType, Error, Result, Rope, Storage, Tensor, tensor};
 
 /// A device that can hold tensors and run the graph's ops.
+///
+/// Two layers: the kernel layer (memory, `synchronize`, `native_e4m3` and the `exec_*` ops, which
+/// a backend implements) and the checked layer after it (`alloc`, `upload`, `linear`, ...,
+/// provided here, which no backend overrides). A backend that wraps another is [`Wrapped`], which
+/// forwards every kernel-layer method, default-implemented ones included: a new kernel-layer
+/// method must be forwarded there too, or a wrapper would run the default over itself and bypass
+/// the inner backend's own implementation (`backend::tests` fails until it is).
 pub trait Backend: Send + Sync {
     /// Memory of this device.
     type Storage: Storage;
@@ -362,29 +369,65 @@ pub trait Backend: Send + Sync {
     }
 }
 
+/// What a [`Wrapped`] backend adds to the backend it wraps. Each method's default changes nothing.
+pub trait Hook: Send + Sync {
+    /// Called before each `exec_alloc` of `bytes` bytes.
+    fn on_alloc(&self, bytes: usize) {
+        let _ = bytes;
+    }
+    /// The e4m3 flavour the wrapper reports, given the one `inner` reports.
+    fn native_e4m3(&self, inner: DType) -> DType {
+        inner
+    }
+}
+
+/// `inner` with a [`Hook`]: the one delegating backend. Every method of the kernel layer (memory,
+/// `synchronize`, `native_e4m3`, the `exec_*` ops) is forwarded to `inner`, passing through the
+/// hook where it has one; the checked layer is the trait's own, so it checks once and reaches
+/// `inner`'s kernels through these forwards. A kernel-layer method added to [`Backend`] is
+/// forwarded here (a test holds the two lists equal).
+#[derive(Debug)]
+pub struct Wrapped<B, H> {
+    pub inner: B,
+    pub hook: H,
+}
+
+/// A [`Hook`] that reports another e4m3 flavour (see [`WithNativeE4m3`]).
+#[derive(Clone, Copy, Debug)]
+pub struct NativeE4m3(pub DType);
+
+impl Hook for NativeE4m3 {
+    fn native_e4m3(&self, _inner: DType) -> DType {
+        self.0
+    }
+}
+
 /// `inner` reporting another fp8 flavour: every op is `inner`'s (whose kernels take both e4m3
 /// flavours); only [`Backend::native_e4m3`] answers `native`. Loading an e4m3fn checkpoint through
 /// it with `native = F8E4M3Fnuz` makes the conversion an MI300X load makes, on any machine: the
 /// tests compare its results with the unconverted load's on the same `inner`.
-#[derive(Debug)]
-pub struct WithNativeE4m3<B> {
-    pub inner: B,
-    pub native: DType,
+pub type WithNativeE4m3<B> = Wrapped<B, NativeE4m3>;
+
+impl<B> WithNativeE4m3<B> {
+    pub fn new(inner: B, native: DType) -> Self {
+        Wrapped { inner, hook: NativeE4m3(native) }
+    }
 }
 
 type T<B> = Tensor<<B as Backend>::Storage>;
 type L<B> = Linear<<B as Backend>::Storage>;
 
-impl<B: Backend> Backend for WithNativeE4m3<B> {
+impl<B: Backend, H: Hook> Backend for Wrapped<B, H> {
     type Storage = B::Storage;
 
     fn name(&self) -> &'static str {
         self.inner.name()
     }
     fn native_e4m3(&self) -> DType {
-        self.native
+        self.hook.native_e4m3(self.inner.native_e4m3())
     }
     fn exec_alloc(&self, bytes: usize) -> Result<B::Storage> {
+        self.hook.on_alloc(bytes);
         self.inner.exec_alloc(bytes)
     }
     fn exec_write(&self, dst: &mut B::Storage, bytes: &[u8]) -> Result<()> {
@@ -468,5 +511,40 @@ impl<B: Backend> Backend for WithNativeE4m3<B> {
         weights: &T<B>,
     ) -> Result<()> {
         self.inner.exec_scatter_add_rows(d, dst, idx, src, weights)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    /// The names of the methods declared in `src` (lines starting `fn `).
+    fn methods(src: &str) -> BTreeSet<&str> {
+        src.lines()
+            .filter_map(|l| l.trim_start().strip_prefix("fn "))
+            .map(|rest| rest.split(|c: char| !(c.is_alphanumeric() || c == '_')).next().unwrap_or(rest))
+            .collect()
+    }
+
+    /// A default-implemented method that `Wrapped` did not forward would run its default over the
+    /// wrapper, bypassing `inner`'s own implementation; so every method of the kernel layer (the
+    /// trait up to the checked layer) must be in `Wrapped`'s impl, and nothing else.
+    #[test]
+    fn wrapped_forwards_every_kernel_method() {
+        let src = include_str!("backend.rs");
+        let section = |from: &str, to: &str| {
+            let start = src.find(from).unwrap_or_else(|| panic!("`{from}` not in backend.rs"));
+            let len = src[start..].find(to).unwrap_or_else(|| panic!("`{to}` not after `{from}`"));
+            &src[start..start + len]
+        };
+        let kernel_layer = methods(section("pub trait Backend", "// ---- memory (checked)"));
+        let forwarded = methods(section("Backend for Wrapped<B, H> {", "\n}\n"));
+        assert!(kernel_layer.len() >= 18, "{kernel_layer:?}");
+        let missing: Vec<_> = kernel_layer.difference(&forwarded).collect();
+        let extra: Vec<_> = forwarded.difference(&kernel_layer).collect();
+        assert!(
+            missing.is_empty() && extra.is_empty(),
+            "Wrapped does not forward {missing:?}; forwards {extra:?}, which the kernel layer lacks"
+        );
     }
 }

@@ -20,6 +20,8 @@
 //! is worth half as much (bias 8 instead of 7), except 0x80 (-0 in fn, NaN in fnuz), and the fn NaN
 //! codes S.1111.111 read as the fnuz finite values ±240. See [`e4m3fn_to_e4m3fnuz`].
 
+use crate::{HostStorage, Linear, WeightScale};
+
 /// The parameters of one fp8 flavour.
 #[derive(Clone, Copy, Debug)]
 struct Format {
@@ -209,6 +211,10 @@ pub enum ConvertError {
     ScaleOverflow { index: usize, value: f32, dtype: crate::DType },
     #[error("{len} bytes are not whole {dtype} scales (scales are f32 or bf16)")]
     ScaleBytes { len: usize, dtype: crate::DType },
+    #[error("the weight is {dtype}, not e4m3fn: only e4m3fn weights are converted to e4m3fnuz")]
+    NotE4m3fn { dtype: crate::DType },
+    #[error("the {tensor} is a read-only mapping: convert an owned copy")]
+    ReadOnly { tensor: &'static str },
 }
 
 /// Bytes per parallel task of the in-place conversions: large enough that rayon's per-task cost
@@ -282,6 +288,60 @@ pub fn double_scales_in_place(dtype: crate::DType, bytes: &mut [u8]) -> Result<(
         }
     }
     Ok(())
+}
+
+/// What [`linear_to_fnuz`] rewrote.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FnuzConversion {
+    /// Bytes of e4m3fn codes converted: the weight's.
+    pub code_bytes: usize,
+    /// Bytes of scale tensor doubled: 0 for no scale or a per-tensor scale.
+    pub scale_bytes: usize,
+}
+
+/// Converts an e4m3fn weight for a device whose fp8 hardware reads e4m3fnuz, in place: the codes
+/// through [`e4m3fn_to_e4m3fnuz_in_place`] (each worth half as much afterwards; 0x80, fn's -0,
+/// becomes 0x00) and the weight retagged `F8E4M3Fnuz`; the scale doubled to make up for it, exactly
+/// (no scale becomes `PerTensor(2)`, a per-tensor scale `2 s`, per-channel and block scale tensors
+/// [`double_scales_in_place`]). The real weights, and every product with them, stay what they were.
+/// The model loader converts with this, and the tests of the conversion call it too.
+///
+/// A weight that is not e4m3fn, or a tensor in a read-only mapping, is refused before anything is
+/// written. An fn NaN code (looked for first) or a scale that overflows when doubled is an error
+/// after part of the buffers has been rewritten: the weight must then be discarded.
+pub fn linear_to_fnuz(w: &mut Linear<HostStorage>) -> Result<FnuzConversion, ConvertError> {
+    use crate::DType;
+    if w.weight.dtype() != DType::F8E4M3Fn {
+        return Err(ConvertError::NotE4m3fn { dtype: w.weight.dtype() });
+    }
+    let scale_tensor = match &mut w.scale {
+        WeightScale::None | WeightScale::PerTensor(_) => None,
+        WeightScale::PerChannel(t) | WeightScale::Block { scales: t, .. } => Some(t),
+    };
+    let read_only = |t: &crate::HostTensor| t.storage().is_read_only();
+    if read_only(&w.weight) {
+        return Err(ConvertError::ReadOnly { tensor: "weight" });
+    }
+    if scale_tensor.as_deref().is_some_and(read_only) {
+        return Err(ConvertError::ReadOnly { tensor: "scale" });
+    }
+    let code_bytes = w.weight.nbytes();
+    let codes = w.weight.storage_mut().bytes_mut().ok_or(ConvertError::ReadOnly { tensor: "weight" })?;
+    e4m3fn_to_e4m3fnuz_in_place(&mut codes[..code_bytes])?;
+    w.weight.set_dtype(DType::F8E4M3Fnuz);
+    let mut scale_bytes = 0;
+    if let Some(t) = scale_tensor {
+        let (dtype, len) = (t.dtype(), t.nbytes());
+        let bytes = t.storage_mut().bytes_mut().ok_or(ConvertError::ReadOnly { tensor: "scale" })?;
+        double_scales_in_place(dtype, &mut bytes[..len])?;
+        scale_bytes = len;
+    }
+    match &mut w.scale {
+        WeightScale::None => w.scale = WeightScale::PerTensor(2.0),
+        WeightScale::PerTensor(s) => *s = double_scale(*s)?,
+        WeightScale::PerChannel(_) | WeightScale::Block { .. } => {}
+    }
+    Ok(FnuzConversion { code_bytes, scale_bytes })
 }
 
 /// Table of the 256 f32 values of an fp8 flavour, indexed by code.

@@ -6,7 +6,7 @@
 //! sequences both present `[rows, ...]` activations. Activations are f32 except the `x` and `y`
 //! of a linear layer, which may also be bf16 or f16. Weights may be any float type.
 
-use crate::{DType, Error, Result, Storage, Tensor};
+use crate::{Backend, DType, Error, HostStorage, HostTensor, Result, Storage, Tensor};
 
 // ---------------------------------------------------------------------------------------------
 // Arguments
@@ -37,6 +37,24 @@ impl<S> Linear<S> {
     /// An unscaled weight.
     pub fn plain(weight: Tensor<S>) -> Self {
         Linear { weight, scale: WeightScale::None }
+    }
+}
+
+impl Linear<HostStorage> {
+    /// A copy on `backend`: the same dtypes, shapes and bytes, the same scale. How a weight
+    /// prepared on the host (say, converted by `fp8::linear_to_fnuz`) reaches a device; on a host
+    /// backend, an owned copy.
+    pub fn upload_to<B: Backend>(&self, backend: &B) -> Result<Linear<B::Storage>> {
+        let up = |t: &HostTensor| backend.upload(t.dtype(), t.shape(), &t.storage().bytes()[..t.nbytes()]);
+        let scale = match &self.scale {
+            WeightScale::None => WeightScale::None,
+            WeightScale::PerTensor(s) => WeightScale::PerTensor(*s),
+            WeightScale::PerChannel(t) => WeightScale::PerChannel(up(t)?),
+            WeightScale::Block { block_rows, block_cols, scales } => {
+                WeightScale::Block { block_rows: *block_rows, block_cols: *block_cols, scales: up(scales)? }
+            }
+        };
+        Ok(Linear { weight: up(&self.weight)?, scale })
     }
 }
 

@@ -81,6 +81,13 @@ impl<S: Storage> Tensor<S> {
         self.storage
     }
 
+    /// Reads the same bytes as `dtype`, which has the current dtype's element size (an fp8 weight
+    /// converted in place from one e4m3 flavour to the other).
+    pub(crate) fn set_dtype(&mut self, dtype: DType) {
+        debug_assert_eq!(dtype.size(), self.dtype.size(), "{} read as {dtype}", self.dtype);
+        self.dtype = dtype;
+    }
+
     /// The same bytes under another shape with as many elements as the current shape (the
     /// storage beyond them, if any, stays with the tensor).
     pub fn reshape(self, shape: &[usize]) -> Result<Self> {

@@ -1,6 +1,7 @@
-//! e4m3fn weights converted for an e4m3fnuz device (`fp8::e4m3fn_to_e4m3fnuz_in_place` on the
-//! codes, `fp8::double_scales_in_place` / `double_scale` on the scale, as the model loader does)
-//! give the same products on the reference backend as the weights they came from, bit for bit.
+//! e4m3fn weights converted for an e4m3fnuz device by `fp8::linear_to_fnuz` (the function the
+//! model loader converts with: codes mapped, scale doubled) give the same products on the reference
+//! backend as the weights they came from, bit for bit; and the function's own contract (what it
+//! rewrites, what it counts, what it refuses).
 //!
 //! Why bit for bit, not within a tolerance: the reference widens every value to f64. A converted
 //! code is worth exactly half the original (fp8 -> f64 is exact), so each product `x * w` (24 + 4
@@ -85,25 +86,12 @@ fn bytes(t: &HostTensor) -> Vec<u8> {
     t.storage().bytes()[..t.nbytes()].to_vec()
 }
 
-/// `w` as the loader converts it for an e4m3fnuz device: codes converted, scale doubled.
+/// `w` as the loader converts it for an e4m3fnuz device: `fp8::linear_to_fnuz` on an owned copy.
 fn to_fnuz(w: &Linear<HostStorage>) -> Linear<HostStorage> {
-    let mut codes = bytes(&w.weight);
-    fp8::e4m3fn_to_e4m3fnuz_in_place(&mut codes).unwrap();
-    let weight = B.upload(DType::F8E4M3Fnuz, w.weight.shape(), &codes).unwrap();
-    let doubled = |t: &HostTensor| {
-        let mut b = bytes(t);
-        fp8::double_scales_in_place(t.dtype(), &mut b).unwrap();
-        B.upload(t.dtype(), t.shape(), &b).unwrap()
-    };
-    let scale = match &w.scale {
-        WeightScale::None => WeightScale::PerTensor(2.0),
-        WeightScale::PerTensor(s) => WeightScale::PerTensor(fp8::double_scale(*s).unwrap()),
-        WeightScale::PerChannel(s) => WeightScale::PerChannel(doubled(s)),
-        WeightScale::Block { block_rows, block_cols, scales } => {
-            WeightScale::Block { block_rows: *block_rows, block_cols: *block_cols, scales: doubled(scales) }
-        }
-    };
-    Linear { weight, scale }
+    let mut u = w.upload_to(&B).unwrap();
+    let converted = fp8::linear_to_fnuz(&mut u).unwrap();
+    assert_eq!(converted.code_bytes, w.weight.nbytes());
+    u
 }
 
 /// An f32 tensor filled with a NaN payload, so an unwritten element fails the comparison.
@@ -188,4 +176,120 @@ fn converted_zero_codes_are_the_fnuz_zero() {
     let x = B.upload_f32(DType::F32, &[1, 3], &[0.25, -0.5, 0.75]).unwrap();
     let y = linear_bits(&x, &u, 1, 1);
     assert_eq!(f32::from_bits(y[0]), 0.0);
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn bf16_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|&x| memwall_runtime::half::bf16::from_f32(x).to_le_bytes()).collect()
+}
+
+/// A `[2, 3]` e4m3fn weight (fn's -0 among its codes) with `scale`.
+fn small(scale: WeightScale<HostStorage>) -> Linear<HostStorage> {
+    Linear {
+        weight: B.upload(DType::F8E4M3Fn, &[2, 3], &[0x80, 0x01, 0x38, 0xb8, 0x7e, 0xfe]).unwrap(),
+        scale,
+    }
+}
+
+#[test]
+fn linear_to_fnuz_rewrites_codes_and_scales_in_place() {
+    let fnuz_codes = [0x00, 0x01, 0x38, 0xb8, 0x7e, 0xfe];
+    // Scale values: normal, subnormal (f32), large; each doubled exactly. The bf16 ones are
+    // rounded to bf16 first, as stored.
+    let f32_scale = [0.3, -1.5e-40];
+    let bf16_scale: Vec<f32> = [0.3f32, 7.0, -1e30, 2.5]
+        .iter()
+        .map(|&v| memwall_runtime::half::bf16::from_f32(v).to_f32())
+        .collect();
+    let twice = |v: &[f32]| -> Vec<f32> { v.iter().map(|x| 2.0 * x).collect() };
+    let cases: Vec<(WeightScale<HostStorage>, Option<Vec<u8>>, usize)> = vec![
+        (WeightScale::None, None, 0),
+        (WeightScale::PerTensor(-0.375), None, 0),
+        (
+            WeightScale::PerChannel(B.upload(DType::F32, &[2, 1], &f32_bytes(&f32_scale)).unwrap()),
+            Some(f32_bytes(&twice(&f32_scale))),
+            8,
+        ),
+        (
+            WeightScale::Block {
+                block_rows: 1,
+                block_cols: 2,
+                scales: B.upload(DType::BF16, &[2, 2], &bf16_bytes(&bf16_scale)).unwrap(),
+            },
+            Some(bf16_bytes(&twice(&bf16_scale))),
+            8,
+        ),
+    ];
+    for (scale, doubled, scale_bytes) in cases {
+        let what = format!("{scale:?}");
+        let mut w = small(scale);
+        let stats = fp8::linear_to_fnuz(&mut w).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(stats, fp8::FnuzConversion { code_bytes: 6, scale_bytes }, "{what}");
+        assert_eq!(w.weight.dtype(), DType::F8E4M3Fnuz, "{what}");
+        assert_eq!(bytes(&w.weight), fnuz_codes, "{what}");
+        match (&w.scale, doubled) {
+            // The per-tensor values are checked below.
+            (WeightScale::PerTensor(_), None) => {}
+            (WeightScale::PerChannel(t) | WeightScale::Block { scales: t, .. }, Some(d)) => {
+                assert_eq!(bytes(t), d, "{what}")
+            }
+            (s, d) => panic!("{what}: became {s:?}, expected {d:?}"),
+        }
+    }
+    // No scale becomes 2; a per-tensor one is doubled.
+    let mut w = small(WeightScale::None);
+    fp8::linear_to_fnuz(&mut w).unwrap();
+    assert!(matches!(w.scale, WeightScale::PerTensor(2.0)), "{:?}", w.scale);
+    let mut w = small(WeightScale::PerTensor(-0.375));
+    fp8::linear_to_fnuz(&mut w).unwrap();
+    assert!(matches!(w.scale, WeightScale::PerTensor(-0.75)), "{:?}", w.scale);
+}
+
+#[test]
+fn linear_to_fnuz_refuses_with_typed_errors() {
+    use fp8::ConvertError;
+    // An fn NaN code names its byte.
+    let mut w = small(WeightScale::PerTensor(1.0));
+    B.write(&mut w.weight, &[0x00, 0x01, 0x38, 0xb8, 0xff, 0x7f]).unwrap();
+    assert_eq!(fp8::linear_to_fnuz(&mut w), Err(ConvertError::NanCode { offset: 4, code: 0xff }));
+    // A scale that overflows when doubled names its element and dtype.
+    let mut w = small(WeightScale::PerTensor(f32::MAX));
+    assert_eq!(
+        fp8::linear_to_fnuz(&mut w),
+        Err(ConvertError::ScaleOverflow { index: 0, value: f32::MAX, dtype: DType::F32 })
+    );
+    let big = memwall_runtime::half::bf16::MAX.to_f32();
+    let scale = B.upload(DType::BF16, &[2, 1], &bf16_bytes(&[1.0, big])).unwrap();
+    let mut w = small(WeightScale::PerChannel(scale));
+    assert_eq!(
+        fp8::linear_to_fnuz(&mut w),
+        Err(ConvertError::ScaleOverflow { index: 1, value: big, dtype: DType::BF16 })
+    );
+    // Only e4m3fn weights convert; nothing is written.
+    let mut w = Linear::plain(B.upload(DType::F8E4M3Fnuz, &[1, 2], &[0x80, 0x01]).unwrap());
+    assert_eq!(fp8::linear_to_fnuz(&mut w), Err(ConvertError::NotE4m3fn { dtype: DType::F8E4M3Fnuz }));
+    assert_eq!(bytes(&w.weight), [0x80, 0x01]);
+    assert!(matches!(w.scale, WeightScale::None));
+    // A weight or scale in a read-only mapping is refused before anything is written.
+    let path = std::env::temp_dir().join(format!("memwall-fnuz-{}.bin", std::process::id()));
+    std::fs::write(&path, [0x80u8, 0x01, 0, 0, 0, 0, 0, 0, 0, 0, 0x80, 0x3f, 0, 0, 0x80, 0x3f]).unwrap();
+    // SAFETY: the file is this test's own and is not written while mapped.
+    let map =
+        std::sync::Arc::new(unsafe { memmap2::Mmap::map(&std::fs::File::open(&path).unwrap()) }.unwrap());
+    std::fs::remove_file(&path).unwrap();
+    let mapped = |offset, dtype: DType, shape: &[usize]| {
+        let len = shape.iter().product::<usize>() * dtype.size();
+        let storage = HostStorage::mapped(map.clone(), offset, len, dtype.size()).unwrap();
+        memwall_runtime::Tensor::new(storage, dtype, shape).unwrap()
+    };
+    let mut w = Linear::plain(mapped(0, DType::F8E4M3Fn, &[1, 2]));
+    assert_eq!(fp8::linear_to_fnuz(&mut w), Err(ConvertError::ReadOnly { tensor: "weight" }));
+    let weight = B.upload(DType::F8E4M3Fn, &[2, 1], &[0x80, 0x01]).unwrap();
+    let mut w = Linear { weight, scale: WeightScale::PerChannel(mapped(8, DType::F32, &[2, 1])) };
+    assert_eq!(fp8::linear_to_fnuz(&mut w), Err(ConvertError::ReadOnly { tensor: "scale" }));
+    assert_eq!(bytes(&w.weight), [0x80, 0x01], "nothing written before the refusal");
+    assert_eq!(w.weight.dtype(), DType::F8E4M3Fn);
 }

@@ -9,7 +9,7 @@
 //!   message, unless `MEMWALL_REQUIRE_GPU=1`, which makes it fail.
 //! - `device_tests!`: writes a suite's device tests once, for both.
 
-use memwall_runtime::{Backend, HostTensor, Linear, Tensor, WeightScale};
+use memwall_runtime::{Backend, HostTensor, Linear, Tensor};
 
 #[cfg(feature = "emulate")]
 pub fn emulated() -> Vec<(String, memwall::runtime::gpu::Gpu<memwall::runtime::gpu::emu::EmuDevice>)> {
@@ -104,15 +104,7 @@ pub fn to_backend<B: Backend>(b: &B, t: &HostTensor) -> Tensor<B::Storage> {
 
 /// A copy of a host weight (and its scale) on backend `b`.
 pub fn linear_to_backend<B: Backend>(b: &B, w: &Linear<memwall_runtime::HostStorage>) -> Linear<B::Storage> {
-    let scale = match &w.scale {
-        WeightScale::None => WeightScale::None,
-        WeightScale::PerTensor(s) => WeightScale::PerTensor(*s),
-        WeightScale::PerChannel(s) => WeightScale::PerChannel(to_backend(b, s)),
-        WeightScale::Block { block_rows, block_cols, scales } => WeightScale::Block {
-            block_rows: *block_rows,
-            block_cols: *block_cols,
-            scales: to_backend(b, scales),
-        },
-    };
-    Linear { weight: to_backend(b, &w.weight), scale }
+    w.upload_to(b).unwrap_or_else(|e| {
+        panic!("{}: upload of a {} weight {:?}: {e}", b.name(), w.weight.dtype(), w.weight.shape())
+    })
 }

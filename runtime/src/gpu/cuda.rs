@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 pub use cudarc;
 use cudarc::driver::{CudaContext, CudaStream, DriverError, result, sys};
 
-use super::{Device, DeviceInfo, KernelImage, KernelSource, LaunchCfg, nvrtc};
+use super::{Device, DeviceInfo, KernelImage, KernelSource, LaunchCfg, check_range, nvrtc};
 use crate::{Error, Result};
 
 /// The dynamic shared memory a kernel may use without opting in.
@@ -274,21 +274,12 @@ impl CudaDevice {
     /// Copies all of `src` to the start of `dst` on the stream (`cuMemcpyDtoDAsync`): the
     /// device's copy ceiling, as the benches measure it.
     pub fn copy(&self, dst: &mut CudaBuffer, src: &CudaBuffer) -> Result<()> {
-        self.check_range("copy", dst.len, 0, src.len)?;
+        check_range(self.name(), "copy", 0, src.len, dst.len)?;
         self.bind()?;
         // SAFETY: both ranges lie inside live buffers of this context.
         unsafe { sys::cuMemcpyDtoDAsync_v2(dst.ptr, src.ptr, src.len, self.stream.cu_stream()) }
             .result()
             .map_err(|e| driver(&format!("copying {} bytes on the device", src.len), e))
-    }
-
-    fn check_range(&self, what: &str, len: usize, offset: usize, n: usize) -> Result<()> {
-        if offset.checked_add(n).is_none_or(|end| end > len) {
-            return Err(device_err(format!(
-                "{what} of {n} bytes at offset {offset} outside a {len}-byte buffer"
-            )));
-        }
-        Ok(())
     }
 }
 
@@ -371,7 +362,7 @@ impl Device for CudaDevice {
     }
 
     fn write(&self, dst: &mut CudaBuffer, offset: usize, bytes: &[u8]) -> Result<()> {
-        self.check_range("write", dst.len, offset, bytes.len())?;
+        check_range(self.name(), "write", offset, bytes.len(), dst.len)?;
         if bytes.is_empty() {
             return Ok(());
         }
@@ -383,7 +374,7 @@ impl Device for CudaDevice {
     }
 
     fn read(&self, src: &CudaBuffer, offset: usize, out: &mut [u8]) -> Result<()> {
-        self.check_range("read", src.len, offset, out.len())?;
+        check_range(self.name(), "read", offset, out.len(), src.len)?;
         if out.is_empty() {
             return self.synchronize();
         }

@@ -10,7 +10,7 @@
 use std::alloc::Layout;
 use std::ffi::{CStr, c_char, c_void};
 
-use super::{Device, DeviceInfo, LaunchCfg};
+use super::{Device, DeviceInfo, LaunchCfg, check_range};
 use crate::{Error, Result};
 
 /// The C ABI of one compiled SIMT image (`simt/simt.cpp`, exported with a per-image prefix).
@@ -181,13 +181,6 @@ impl EmuDevice {
     }
 }
 
-fn range_check(what: &str, offset: usize, len: usize, size: usize) -> Result<()> {
-    if offset.checked_add(len).is_none_or(|end| end > size) {
-        return Err(Error::OutOfBounds { what: what.into(), offset, len, size });
-    }
-    Ok(())
-}
-
 impl Device for EmuDevice {
     type Buffer = EmuBuffer;
 
@@ -219,14 +212,14 @@ impl Device for EmuDevice {
     }
 
     fn write(&self, dst: &mut EmuBuffer, offset: usize, bytes: &[u8]) -> Result<()> {
-        range_check("emu write", offset, bytes.len(), dst.len)?;
+        check_range(self.name(), "write", offset, bytes.len(), dst.len)?;
         // SAFETY: offset + len is inside the allocation (checked); `dst` is borrowed mutably.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst.ptr.add(offset), bytes.len()) };
         Ok(())
     }
 
     fn read(&self, src: &EmuBuffer, offset: usize, out: &mut [u8]) -> Result<()> {
-        range_check("emu read", offset, out.len(), src.len)?;
+        check_range(self.name(), "read", offset, out.len(), src.len)?;
         // SAFETY: offset + len is inside the allocation (checked); launches are synchronous, so
         // no kernel writes it now.
         unsafe { std::ptr::copy_nonoverlapping(src.ptr.add(offset), out.as_mut_ptr(), out.len()) };

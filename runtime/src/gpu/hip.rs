@@ -21,7 +21,7 @@ use std::sync::Mutex;
 
 use hip_sys::hiprt as sys;
 
-use super::{Device, DeviceInfo, KernelImage, LaunchCfg, Vendor};
+use super::{Device, DeviceInfo, KernelImage, LaunchCfg, Vendor, check_range};
 use crate::{Error, Result};
 
 fn device_err(msg: impl Into<String>) -> Error {
@@ -265,7 +265,7 @@ impl HipDevice {
     /// Copies all of `src` to the start of `dst` on the stream (`hipMemcpyDtoDAsync`): the
     /// device's copy ceiling, as `memwall peak` measures it.
     pub fn copy(&self, dst: &mut HipBuffer, src: &HipBuffer) -> Result<()> {
-        self.check_range("copy", dst.len, 0, src.len)?;
+        check_range(self.name(), "copy", 0, src.len, dst.len)?;
         self.bind()?;
         // SAFETY: both ranges lie inside live buffers of this device.
         unsafe {
@@ -274,15 +274,6 @@ impl HipDevice {
                 sys::hipMemcpyDtoDAsync(dst.ptr, src.ptr, src.len, self.stream),
             )
         }
-    }
-
-    fn check_range(&self, what: &str, len: usize, offset: usize, n: usize) -> Result<()> {
-        if offset.checked_add(n).is_none_or(|end| end > len) {
-            return Err(device_err(format!(
-                "{what} of {n} bytes at offset {offset} outside a {len}-byte buffer"
-            )));
-        }
-        Ok(())
     }
 }
 
@@ -374,7 +365,7 @@ impl Device for HipDevice {
     }
 
     fn write(&self, dst: &mut HipBuffer, offset: usize, bytes: &[u8]) -> Result<()> {
-        self.check_range("write", dst.len, offset, bytes.len())?;
+        check_range(self.name(), "write", offset, bytes.len(), dst.len)?;
         if bytes.is_empty() {
             return Ok(());
         }
@@ -395,7 +386,7 @@ impl Device for HipDevice {
     }
 
     fn read(&self, src: &HipBuffer, offset: usize, out: &mut [u8]) -> Result<()> {
-        self.check_range("read", src.len, offset, out.len())?;
+        check_range(self.name(), "read", offset, out.len(), src.len)?;
         if out.is_empty() {
             return self.synchronize();
         }

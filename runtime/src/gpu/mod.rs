@@ -114,6 +114,16 @@ impl DeviceInfo {
     }
 }
 
+/// Bytes `offset..offset + len` lie inside a `size`-byte buffer of `device` (its `Device::name`),
+/// or `OutOfBounds` naming the device and the copy (`op`): the check each device makes before a
+/// copy touches its memory.
+pub(crate) fn check_range(device: &str, op: &str, offset: usize, len: usize, size: usize) -> Result<()> {
+    if offset.checked_add(len).is_none_or(|end| end > size) {
+        return Err(Error::OutOfBounds { what: format!("{device} {op}"), offset, len, size });
+    }
+    Ok(())
+}
+
 /// Memory and kernel launches of one device. All work is ordered on one stream.
 pub trait Device: Send + Sync + Sized + 'static {
     /// Device memory that frees itself on drop.
@@ -279,4 +289,31 @@ impl<D: Device> Debug for Gpu<D> {
 pub(crate) fn dim(op: &'static str, what: &str, v: usize) -> Result<u32> {
     u32::try_from(v)
         .map_err(|_| Error::Argument { op, msg: format!("{what} {v} exceeds the 32-bit launch limit") })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_range;
+    use crate::Error;
+
+    #[test]
+    fn check_range_admits_the_buffer_and_names_what_falls_outside() {
+        assert!(check_range("cuda", "write", 0, 8, 8).is_ok());
+        assert!(check_range("cuda", "write", 8, 0, 8).is_ok());
+        assert!(check_range("cuda", "write", 3, 5, 8).is_ok());
+        assert_eq!(
+            check_range("hip", "read", 3, 6, 8),
+            Err(Error::OutOfBounds { what: "hip read".into(), offset: 3, len: 6, size: 8 })
+        );
+        assert_eq!(
+            check_range("cuda-emu", "write", 9, 0, 8),
+            Err(Error::OutOfBounds { what: "cuda-emu write".into(), offset: 9, len: 0, size: 8 })
+        );
+        // offset + len overflows usize: outside, not wrapped around.
+        let e = check_range("cuda", "copy", usize::MAX, 2, 8).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("cuda copy: bytes {}..{}+2 lie outside the 8 bytes available", usize::MAX, usize::MAX)
+        );
+    }
 }
