@@ -19,7 +19,10 @@
 //   HIP build). Never write a literal 32.
 // - the storage types bf16, f16, e4m3fn, e4m3fnuz, e5m2, e5m2fnuz (raw bits; the fp8 flavour is
 //   part of the type because the same byte means different numbers) and exact conversions
-//   mw::to_f32(x), mw::from_f32<T>(f) (round to nearest even; fp8 saturating, as the runtime).
+//   mw::to_f32(x), mw::from_f32<T>(f) (round to nearest even; fp8 saturating, as the runtime);
+//   mw::to_f32x4<T>(word, out) for four fp8 elements packed in a 32-bit word. On CDNA3 the fnuz
+//   decoders are the hardware conversions of kernels-hip/hip.h (MW_FNUZ_FP8_HW), elsewhere the
+//   software below, which is what the CPU-run tests execute.
 // - warp and block reductions, and mw::report for data-dependent errors (the status word of
 //   runtime/src/gpu/status.rs).
 #pragma once
@@ -135,9 +138,15 @@ MW_DEV float to_f32(e4m3fn x) {
     if (m == 0x7fu) return __uint_as_float(0x7fc00000u);  // S.1111.111 is NaN; no infinities
     return with_sign(x.bits, fp8_magnitude(m, 20, 1.329227995784916e36f /* 2^120 */));
 }
+// The two fnuz formats: software everywhere but CDNA3, whose hardware conversions hip.h wraps
+// (MW_FNUZ_FP8_HW; hip.h argues they give these same values for all 256 codes).
 MW_DEV float to_f32(e4m3fnuz x) {
+#if defined(MW_FNUZ_FP8_HW)
+    return mw_vendor::e4m3fnuz_to_f32(x.bits);
+#else
     if (x.bits == 0x80u) return __uint_as_float(0x7fc00000u);  // the one NaN; no -0
     return with_sign(x.bits, fp8_magnitude(x.bits & 0x7fu, 20, 6.64613997892458e35f /* 2^119 */));
+#endif
 }
 MW_DEV float to_f32(e5m2 x) {
     uint32_t m = x.bits & 0x7fu;
@@ -148,9 +157,32 @@ MW_DEV float to_f32(e5m2 x) {
     return with_sign(x.bits, fp8_magnitude(m, 21, 5.192296858534828e33f /* 2^112 */));
 }
 MW_DEV float to_f32(e5m2fnuz x) {
+#if defined(MW_FNUZ_FP8_HW)
+    return mw_vendor::e5m2fnuz_to_f32(x.bits);
+#else
     if (x.bits == 0x80u) return __uint_as_float(0x7fc00000u);
     return with_sign(x.bits, fp8_magnitude(x.bits & 0x7fu, 21, 2.596148429267414e33f /* 2^111 */));
+#endif
 }
+
+// Four fp8 elements of one 32-bit word (element k in byte k: little endian), widened: to_f32 per
+// byte, or the vendor's packed conversion (two bytes per instruction) where it has one.
+template <typename T>
+MW_DEV void to_f32x4(uint32_t word, float (&out)[4]) {
+    static_assert(sizeof(T) == 1, "fp8 elements");
+#pragma unroll
+    for (int k = 0; k < 4; ++k) out[k] = to_f32(T{uint8_t(word >> (8 * k))});
+}
+#if defined(MW_FNUZ_FP8_HW)
+template <>
+MW_DEV void to_f32x4<e4m3fnuz>(uint32_t word, float (&out)[4]) {
+    mw_vendor::e4m3fnuz_x4_to_f32(word, out);
+}
+template <>
+MW_DEV void to_f32x4<e5m2fnuz>(uint32_t word, float (&out)[4]) {
+    mw_vendor::e5m2fnuz_x4_to_f32(word, out);
+}
+#endif
 
 template <typename T> MW_DEV T from_f32(float f);
 template <> MW_DEV float from_f32<float>(float f) { return f; }

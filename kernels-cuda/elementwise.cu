@@ -65,9 +65,7 @@ MW_DEV void load4(const W* w, uint64_t g, float (&out)[4]) {
         for (int k = 0; k < 4; ++k) out[k] = mw::to_f32(W{uint16_t(bits >> (16 * k))});
     } else {
         static_assert(sizeof(W) == 1, "f32, 16-bit or fp8 elements");
-        const uint32_t bits = reinterpret_cast<const uint32_t*>(w)[g];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) out[k] = mw::to_f32(W{uint8_t(bits >> (8 * k))});
+        mw::to_f32x4<W>(reinterpret_cast<const uint32_t*>(w)[g], out);
     }
 }
 

@@ -45,8 +45,7 @@ template <typename W, int R>
 MW_DEV void chunk_dot(const Words& w, const LinearParams& p, uint64_t l0, float (&dot)[R]) {
     constexpr int VEC = 16 / sizeof(W);
     float wf[VEC];
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) wf[e] = element<W>(w, e);
+    widen_words<W>(w, wf);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         dot[r] = 0.0f;

@@ -26,6 +26,25 @@ MW_DEV float element(const Words& words, int i) {
     }
 }
 
+// All 16 / sizeof(W) elements of 16 bytes of W, widened to f32: fp8 a 32-bit word at a time
+// (mw::to_f32x4: the packed hardware conversion where the target has one), the rest by element.
+template <typename W, int VEC>
+MW_DEV void widen_words(const Words& words, float (&wf)[VEC]) {
+    static_assert(VEC * sizeof(W) == 16, "16 bytes of W");
+    if constexpr (sizeof(W) == 1) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            float four[4];
+            mw::to_f32x4<W>(words.e[q], four);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) wf[4 * q + k] = four[k];
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) wf[e] = element<W>(words, e);
+    }
+}
+
 // The scale of weight element (j, l): none (the plain kernels apply p.scale to the row's sum) or
 // one block scale of dtype S.
 struct NoBlocks {

@@ -7,7 +7,19 @@
 //!   `global_load_dwordx4` is exactly GEMV_UNROLL x (1 weight word + R x VEC / 4 float4 of x),
 //!   so each 16-byte weight word is one `global_load_dwordx4` (split loads would give
 //!   GEMV_UNROLL fewer and a dword or narrower load in their place), and no `flat_load` (an
-//!   address space the compiler could not prove global) appears.
+//!   address space the compiler could not prove global) appears;
+//! - fp8 in the fnuz formats is decoded by the CDNA3 conversion instructions (kernels-hip/hip.h)
+//!   on gfx94x and nowhere else: every `*_e4m3fnuz*` kernel there uses `v_cvt_(pk_)f32_fp8` and
+//!   no bf8 conversion, every `*_e5m2fnuz*` kernel the bf8 ones and no fp8 one, and every other
+//!   kernel (the OCP e4m3fn / e5m2 ones included: the same opcodes would misread them) and every
+//!   kernel of the other targets none; the GEMV's 16-byte words go through the packed form, both
+//!   16-bit halves of each word (as many `src0_sel:WORD_1` conversions as low-half ones, 4 pairs
+//!   per word), and its scalar tail through the one-byte form; every kernel of those targets keeps
+//!   f32 denormals (`.amdhsa_float_denorm_mode_32 3` in its descriptor).
+//!
+//! What no check here can see: which half lands in which element (swapping them keeps every
+//! count), and the values the instructions produce. Those need an AMD GPU; hip.h argues the
+//! values from AMD's documentation.
 //!
 //! Where no HIP-capable clang was found at build time there is nothing to check and the test
 //! says so, unless `MEMWALL_REQUIRE_HIPCC=1` (set by scripts/test.sh, whose setup installs clang
@@ -16,7 +28,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use memwall::kernels::{HIP_CLANG, HIP_CODE_OBJECTS, HIP_KERNELS, HIP_LLVM_BIN};
+use memwall::kernels::{HIP_CLANG, HIP_CODE_OBJECTS, HIP_KERNELS, HIP_LLVM_BIN, KernelImage};
 use memwall::runtime::gpu::ops;
 
 /// `GEMV_UNROLL` of kernels-cuda/gemv.cu: 16-byte weight loads in flight per lane.
@@ -144,6 +156,115 @@ fn code_objects_are_wave64_elf_without_scratch() {
     }
 }
 
+/// The instructions of each function of `llvm-objdump -d` (`<addr> <name>:` opens one), each
+/// line trimmed, without the trailing `// address: encoding` comment.
+fn functions(asm: &str) -> Vec<(String, Vec<String>)> {
+    let mut functions: Vec<(String, Vec<String>)> = Vec::new();
+    for line in asm.lines() {
+        if let Some(name) = line.split_once(" <").and_then(|(_, r)| r.strip_suffix(">:")) {
+            functions.push((name.to_string(), Vec::new()));
+        } else if let Some(f) = functions.last_mut() {
+            let text = line.split_once("//").map_or(line, |(code, _)| code).trim();
+            if !text.is_empty() {
+                f.1.push(text.to_string());
+            }
+        }
+    }
+    functions
+}
+
+fn disassemble(image: &KernelImage) -> Vec<(String, Vec<String>)> {
+    let target = image.targets[0];
+    let file = on_disk(image.name, target, image.fatbin);
+    functions(&tool("llvm-objdump", &["-d", &format!("--mcpu={target}")], &file))
+}
+
+/// The CDNA3 targets, whose fp8 conversions read the fnuz formats.
+fn fnuz_hardware(target: &str) -> bool {
+    matches!(target, "gfx940" | "gfx941" | "gfx942")
+}
+
+#[test]
+fn fnuz_fp8_is_decoded_by_the_cdna3_instructions_only() {
+    if !built() {
+        return;
+    }
+    let opcode = |line: &String| line.split_whitespace().next().unwrap_or_default().to_string();
+    let (mut hardware_kernels, mut gemv_checked) = (0, 0);
+    for image in HIP_CODE_OBJECTS {
+        let target = image.targets[0];
+        if fnuz_hardware(target) {
+            // hip.h's argument that no fp8 subnormal is flushed leans on the f32 denormal mode of
+            // every kernel: 3, denormals kept on input and output (the kernel descriptors).
+            let file = on_disk(image.name, target, image.fatbin);
+            let descriptors =
+                tool("llvm-objdump", &["-D", "-j", ".rodata", &format!("--mcpu={target}")], &file);
+            let modes: Vec<&str> = descriptors
+                .lines()
+                .filter_map(|l| l.trim().strip_prefix(".amdhsa_float_denorm_mode_32"))
+                .map(str::trim)
+                .collect();
+            let kernels =
+                HIP_KERNELS.iter().find(|(n, t, _)| *n == image.name && *t == target).unwrap().2.len();
+            assert_eq!(modes.len(), kernels, "{} ({target}): kernel descriptors decoded", image.name);
+            assert!(
+                modes.iter().all(|m| *m == "3"),
+                "{} ({target}): f32 denormal modes {modes:?}",
+                image.name
+            );
+        }
+        for (name, lines) in disassemble(image) {
+            let count = |prefixes: &[&str]| {
+                lines.iter().filter(|l| prefixes.iter().any(|p| opcode(l).starts_with(p))).count()
+            };
+            let fp8 = count(&["v_cvt_f32_fp8", "v_cvt_pk_f32_fp8"]);
+            let bf8 = count(&["v_cvt_f32_bf8", "v_cvt_pk_f32_bf8"]);
+            let (want_fp8, want_bf8) = if !fnuz_hardware(target) {
+                (false, false)
+            } else {
+                (name.contains("_e4m3fnuz"), name.contains("_e5m2fnuz"))
+            };
+            assert_eq!(
+                (fp8 > 0, bf8 > 0),
+                (want_fp8, want_bf8),
+                "{name} ({target}, {}): {fp8} fp8 and {bf8} bf8 conversion instructions",
+                image.name
+            );
+            if !(want_fp8 || want_bf8) {
+                continue;
+            }
+            hardware_kernels += 1;
+            if name.starts_with("gemv_") {
+                // Vector path: GEMV_UNROLL 16-byte loads per step, each four 32-bit words of four
+                // codes, each word one packed conversion per half; scalar tail: one-byte ones.
+                let kind = if want_fp8 { "fp8" } else { "bf8" };
+                let packed: Vec<&String> =
+                    lines.iter().filter(|l| opcode(l).starts_with(&format!("v_cvt_pk_f32_{kind}"))).collect();
+                let high = packed.iter().filter(|l| l.contains("src0_sel:WORD_1")).count();
+                let low = packed.len() - high;
+                assert_eq!(
+                    (low, high),
+                    (GEMV_UNROLL * 4, GEMV_UNROLL * 4),
+                    "{name} ({target}): packed conversions of the (low, high) halves"
+                );
+                let single = count(&[&format!("v_cvt_f32_{kind}")]);
+                assert!(single > 0, "{name} ({target}): the scalar tail decodes without v_cvt_f32_{kind}");
+                gemv_checked += 1;
+            }
+        }
+    }
+    let fnuz_named = HIP_KERNELS
+        .iter()
+        .filter(|(_, t, _)| fnuz_hardware(t))
+        .flat_map(|(_, _, k)| k.iter())
+        .filter(|k| k.contains("_e4m3fnuz") || k.contains("_e5m2fnuz"))
+        .count();
+    assert_eq!(hardware_kernels, fnuz_named, "fnuz kernels disassembled");
+    let cdna3 = targets().iter().filter(|t| fnuz_hardware(t)).count();
+    // 2 fnuz dtypes x {plain, block f32, block bf16} x {r1, r4, r16} per CDNA3 target.
+    assert_eq!(gemv_checked, 2 * 3 * 3 * cdna3, "fnuz GEMV kernels checked");
+}
+
 #[test]
 fn gemv_weight_loads_are_128_bit() {
     if !built() {
@@ -153,19 +274,9 @@ fn gemv_weight_loads_are_128_bit() {
     assert_eq!(images.len(), targets().len());
     for image in images {
         let target = image.targets[0];
-        let file = on_disk("gemv", target, image.fatbin);
-        let asm = tool("llvm-objdump", &["-d", &format!("--mcpu={target}")], &file);
-        // Instructions per function: `<addr> <name>:` opens one.
-        let mut functions: Vec<(String, Vec<String>)> = Vec::new();
-        for line in asm.lines() {
-            if let Some(name) = line.split_once(" <").and_then(|(_, r)| r.strip_suffix(">:")) {
-                functions.push((name.to_string(), Vec::new()));
-            } else if let (Some(op), Some(f)) = (line.split_whitespace().next(), functions.last_mut()) {
-                f.1.push(op.to_string());
-            }
-        }
         let mut checked = 0;
-        for (name, ops) in &functions {
+        for (name, lines) in &disassemble(image) {
+            let ops: Vec<&str> = lines.iter().filter_map(|l| l.split_whitespace().next()).collect();
             let Some(rest) = name.strip_prefix("gemv_") else { continue };
             let weight = rest.split('_').next().unwrap();
             let rows: usize = rest.rsplit_once("_r").unwrap().1.parse().unwrap();
@@ -175,7 +286,7 @@ fn gemv_weight_loads_are_128_bit() {
                     "f16" | "bf16" => 2,
                     _ => 1,
                 };
-            let x4 = ops.iter().filter(|o| *o == "global_load_dwordx4").count();
+            let x4 = ops.iter().filter(|o| **o == "global_load_dwordx4").count();
             assert_eq!(x4, GEMV_UNROLL * (1 + rows * vec / 4), "{name} ({target}): {x4} global_load_dwordx4");
             assert!(!ops.iter().any(|o| o.starts_with("flat_load")), "{name} ({target}) loads through flat");
             checked += 1;
