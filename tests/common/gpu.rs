@@ -71,7 +71,7 @@ macro_rules! device_tests {
                 #[ignore = "needs a CUDA device"]
                 #[allow(unused_variables)]
                 fn $name() {
-                    let Some($b) = crate::common::gpu::cuda() else { return };
+                    let Some($b) = $crate::common::gpu::cuda() else { return };
                     let $who = "cuda";
                     $body
                 }
@@ -87,7 +87,7 @@ macro_rules! device_tests {
                 #[ignore = "needs a ROCm device"]
                 #[allow(unused_variables)]
                 fn $name() {
-                    let Some($b) = crate::common::gpu::hip() else { return };
+                    let Some($b) = $crate::common::gpu::hip() else { return };
                     let $who = "hip";
                     $body
                 }
