@@ -103,6 +103,13 @@ step() {
   grep -E '^test result:|panicked at|^error|skipping' "$results/$name.log" | head -5 | sed 's/^/    /' | tee -a "$results/summary.txt" || true
 }
 
+# show SED_SCRIPT NAME: the lines of step NAME's log that `sed -n SED_SCRIPT` prints; nothing if
+# the step was skipped (no log).
+show() {
+  [[ -f $results/$2.log ]] || return 0
+  sed -n "$1" "$results/$2.log"
+}
+
 # checkpoint_dir NEED_GB: a writable directory with NEED_GB (decimal) free: the RAM disk when it
 # has room, else the temporary directory, else target/.
 checkpoint_dir() {
@@ -129,7 +136,7 @@ e2e() {
   local root ckpt
   # The peak first: without the device it fails at once, and nothing is written.
   step "peak-$backend-json" 60 "$bin/memwall" peak --backend "$backend" --json
-  if ! grep -q '^\[' "$results/peak-$backend-json.log"; then
+  if ! grep -qs '^\[' "$results/peak-$backend-json.log"; then
     echo "e2e: skipped: no peak measured on $backend" | tee -a "$results/summary.txt"
     return 0
   fi
@@ -141,13 +148,13 @@ e2e() {
   ckpt=$root/memwall-e2e-$(basename "$shape" .json)-bf16
   rm -rf "$ckpt"
   step synth "$synth_limit" "$bin/memwall" synth --shape "$shape" --dtype bf16 --out "$ckpt"
-  sed -n 's/^wrote/    wrote/p' "$results/synth.log" | tee -a "$results/summary.txt"
+  show 's/^wrote/    wrote/p' synth | tee -a "$results/summary.txt"
   step "decode-$backend" 180 "$bin/memwall" run --backend "$backend" --model "$ckpt" \
     --tokens "$prompt" --max-new-tokens 256 --kv-dtype bf16 --json
   rm -rf "$ckpt"
   step decode-wall 30 python3 scripts/decode_wall.py "$bin/memwall" "$results/decode-$backend.log" \
     "$results/peak-$backend-json.log" "$shape" "$results/decode-wall.json"
-  grep '^decode ' "$results/decode-wall.log" >>"$results/results.txt" || true
+  show '/^decode /p' decode-wall >>"$results/results.txt"
 }
 
 run() {
@@ -176,13 +183,15 @@ run() {
   done
   # The SM-driven ceiling (stream.cu read and copy, 4 GiB) and the copy engine, vs the datasheet.
   step peak-cuda 60 "$bin/memwall" peak --backend cuda
-  sed -n '/^kernel/,$p' "$results/peak-cuda.log" | tee -a "$results/summary.txt"
+  # shellcheck disable=SC2016 # sed's $, not the shell's
+  show '/^kernel/,$p' peak-cuda | tee -a "$results/summary.txt"
   step run-cuda 60 "$bin/memwall" run --model tests/parity/fixtures/llama_tied_f32 --tokens 1,2,3 \
     --max-new-tokens 4 --backend cuda --json
   # GEMV, decode attention and GEMM against the copy peak of the same run and cuBLAS.
   export CRITERION_HOME=$results/criterion MEMWALL_BENCH_BUDGET_S=200
   step bench-gpu 240 "$bin/gpu" --bench
-  sed -n '/^summary/,$p' "$results/bench-gpu.log" >>"$results/results.txt"
+  # shellcheck disable=SC2016
+  show '/^summary/,$p' bench-gpu >>"$results/results.txt"
   # The end-to-end decode of a Llama-3.1-8B-shaped checkpoint (16 GB written there).
   e2e "$bin" cuda llama-3.1-8b 18 150
   rm -rf "$work"
