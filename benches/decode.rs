@@ -4,8 +4,8 @@
 //! run. Batch 1 is the memory wall; the larger batches are the measured points of the roofline
 //! (`memwall wall --measure --svg`).
 //!
-//! 1. Writes the checkpoint (config.json and one safetensors file, with the `safetensors` crate,
-//!    each tensor generated as it is written) into a temporary directory: hidden 2048, 12 layers,
+//! 1. Writes the checkpoint (config.json and one safetensors file, `memwall::synth`, every thread
+//!    generating and writing its chunks) into a temporary directory: hidden 2048, 12 layers,
 //!    intermediate 8192, vocab 32000, 32 query and 8 KV heads, untied lm_head: about 0.86 B
 //!    parameters, 1.7 GB, well over 3x the last-level cache of any CPU this runs on, so every step
 //!    reads its weights from memory.
@@ -22,7 +22,6 @@
 //!
 //! Under `cargo test --benches` (`--test`) it runs a tiny model once and writes no record.
 
-use std::borrow::Cow;
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -30,12 +29,10 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, SamplingMode, Throughput};
 use memwall::model::graph::OpCost;
 use memwall::model::session::Row;
-use memwall::model::{Model, ModelConfig, Session, SessionOptions};
+use memwall::model::{Model, Session, SessionOptions};
 use memwall::peak::{self, Kernel, StreamBuffers};
 use memwall::runtime::{DType, SamplingParams};
 use memwall::wall::DecodeRecord;
-use rayon::prelude::*;
-use safetensors::tensor::{Dtype, View};
 use serde_json::{Value, json};
 
 /// Tokens in the prompt: the context the decode steps start from.
@@ -59,45 +56,12 @@ fn config(test_mode: bool) -> Value {
     })
 }
 
-/// A bf16 tensor whose bytes are generated when the writer asks for them: uniform in
-/// `[-scale, scale)` plus `offset`, from a hash of the element index and the tensor's seed.
-struct RandomBf16 {
-    shape: Vec<usize>,
-    seed: u64,
-    scale: f32,
-    offset: f32,
-}
-
+/// A 64-bit mix (splitmix64's finaliser): the prompts' random token ids.
 fn mix64(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
-}
-
-impl View for RandomBf16 {
-    fn dtype(&self) -> Dtype {
-        Dtype::BF16
-    }
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-    fn data(&self) -> Cow<'_, [u8]> {
-        let n: usize = self.shape.iter().product();
-        let mut out = vec![0u8; 2 * n];
-        let seed = mix64(self.seed);
-        out.par_chunks_mut(1 << 16).enumerate().for_each(|(c, chunk)| {
-            for (i, b) in chunk.chunks_exact_mut(2).enumerate() {
-                let h = mix64(seed ^ ((c << 15) + i) as u64);
-                let u = (h >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
-                b.copy_from_slice(&half::bf16::from_f32(self.offset + self.scale * u).to_le_bytes());
-            }
-        });
-        Cow::Owned(out)
-    }
-    fn data_len(&self) -> usize {
-        2 * self.shape.iter().product::<usize>()
-    }
 }
 
 /// A directory removed on drop.
@@ -109,27 +73,12 @@ impl Drop for TempDir {
     }
 }
 
-/// Writes `config.json` and `model.safetensors` (random bf16) into a fresh directory.
+/// Writes `config.json` and `model.safetensors` (random bf16, `memwall::synth`) into a fresh
+/// directory.
 fn write_checkpoint(cfg: &Value) -> TempDir {
     let dir = TempDir(std::env::temp_dir().join(format!("memwall-decode-bench-{}", std::process::id())));
     let _ = std::fs::remove_dir_all(&dir.0);
-    std::fs::create_dir_all(&dir.0).expect("create the checkpoint directory");
-    std::fs::write(dir.0.join("config.json"), cfg.to_string()).expect("write config.json");
-    let c = ModelConfig::from_json(cfg).expect("a valid config");
-    let tensors = memwall::model::weights::needed(&c).into_iter().enumerate().map(|(i, (name, kind))| {
-        let view = match kind {
-            memwall::model::weights::Kind::Matrix { n, k } => {
-                let scale = if name.contains("embed") { 1.0 } else { 1.0 / (k as f32).sqrt() };
-                RandomBf16 { shape: vec![n, k], seed: i as u64, scale, offset: 0.0 }
-            }
-            memwall::model::weights::Kind::Vector { n } => {
-                RandomBf16 { shape: vec![n], seed: i as u64, scale: 0.2, offset: 1.0 }
-            }
-        };
-        (name, view)
-    });
-    safetensors::serialize_to_file(tensors, None, &dir.0.join("model.safetensors"))
-        .expect("write model.safetensors");
+    memwall::synth::write_checkpoint(cfg, DType::BF16, 0, &dir.0).expect("write the random checkpoint");
     dir
 }
 

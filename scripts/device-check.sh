@@ -15,18 +15,35 @@
 #   3. runs `memwall peak --backend cuda` (the SM read and copy kernels of stream.cu and the copy
 #      engine over 4 GiB, against the datasheet) and `memwall run --backend cuda` on a parity
 #      fixture;
-#   4. runs benches/gpu.rs: the copy peak, then GEMV at the Llama 3.1 8B shapes (bf16, e4m3fn
-#      per-channel) as a percentage of it;
-#   5. prints one line per step (pass/fail, seconds) and writes every log to DIR (default $OUT,
-#      else target/device-check/results).
-# Each step has its own time limit; the whole run fits in about 8 minutes on one H200.
+#   4. runs benches/gpu/: the copy peak, then GEMV at the Llama 3.1 8B shapes (bf16, e4m3fn
+#      per-channel) and decode attention at 8192 positions (32 q / 8 kv heads x 128, bf16 paged
+#      cache, batch 1, 4 and 16) as a percentage of it, and prefill GEMM (512 and 2048 rows,
+#      bf16) in TFLOP/s; each against cuBLAS where it has a peer, each checked against an f64
+#      host reference before it is timed;
+#   5. the end-to-end decode: `memwall peak --backend cuda --json` measures the copy peak (and
+#      without a device stops it there), `memwall synth` writes a Llama-3.1-8B-shaped checkpoint
+#      of random bf16 weights (16 GB) on that machine (the RAM disk when it has room, else local
+#      disk; never carried), `memwall run --backend cuda` decodes 256 tokens after a 16-token
+#      prompt at batch 1, and scripts/decode_wall.py puts the decode tokens/s beside `memwall
+#      wall`'s wall: measured copy peak / bytes read per token (src/wall);
+#   6. prints one line per step (pass/fail, seconds), then the results: one line per kernel and
+#      shape (GB/s, % of the copy peak, vs cuBLAS; GEMM in TFLOP/s, vs cuBLAS) and the decode's
+#      tokens/s against its wall. Every log goes to DIR (default $OUT, else
+#      target/device-check/results).
+# Each step has its own time limit, and no step runs past the run's budget
+# (MEMWALL_CHECK_BUDGET_S, default 510 s: a step's limit is cut to what is left, and with under
+# 5 s left it is skipped), so the summary comes back inside a 540 s call. Expected on one H200
+# (estimates: no run has happened yet): the tests 2-4 min, peak and the parity run 10 s, the
+# bench 1-2 min (limit 240 s; it stops starting shapes after 200 s), the end-to-end about 1 min
+# (synth 15-40 s for 16 GB, load and decode 15-40 s, peak 5 s).
 #
 # From a session with the device tool:
 #   bash scripts/device-check.sh build
 #   run(command="bash scripts/device-check.sh run", carry=["target/device-check"], timeout_s=540)
 #
-# Not yet here (issue 5): attention benches and the 8B-shaped end-to-end
-# decode; the summary says so rather than pretending.
+# `bash scripts/device-check.sh e2e BIN_DIR BACKEND SHAPE [DIR]` runs only the end-to-end steps,
+# with the `memwall` of BIN_DIR on BACKEND (cpu or cuda) and SHAPE (a preset or a config.json):
+# `e2e target/debug cpu tiny-config.json` tries them here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pack=target/device-check
@@ -38,9 +55,10 @@ build() {
   local features=memwall/cuda
   local args=(--locked --features "$features")
   for s in "${suites[@]}"; do args+=(--test "$s"); done
-  # benches/gpu.rs, built by the same command (test profile: opt-level 3, as the suites).
+  # benches/gpu/, built by the same command (test profile: opt-level 3, as the suites).
   args+=(--bench gpu)
   # The executables cargo built, from its JSON messages (test profile, as scripts/test.sh).
+  mkdir -p target
   cargo test "${args[@]}" --no-run --message-format=json >target/device-check.json
   cargo build --locked --profile test --features "$features" --bin memwall
   rm -rf "$pack" && mkdir -p "$pack/bin"
@@ -55,15 +73,23 @@ EOF
   cp target/debug/memwall "$pack/bin/memwall"
   strip "$pack"/bin/*
   for s in "${suites[@]}" gpu; do [[ -x "$pack/bin/$s" ]] || { echo "device-check: $s was not built" >&2; exit 1; }; done
-  tar -C "$pack" -cJf "$pack/bin.tar.xz" bin && rm -rf "$pack/bin"
+  tar -C "$pack" -cJf "$pack/bin.tar.xz" bin && rm -rf "${pack:?}/bin"
   git rev-parse HEAD >"$pack/commit"
   ls -l "$pack"
 }
 
-# step NAME LIMIT_S CMD...: runs CMD with its output in $results/NAME.log, one summary line.
+# step NAME LIMIT_S CMD...: runs CMD with its output in $results/NAME.log, one summary line. The
+# limit is cut to what is left of the run's budget; with under 5 s left the step is skipped.
 step() {
   local name=$1 limit=$2
   shift 2
+  local left=$((budget - (SECONDS - run_start)))
+  if ((left < 5)); then
+    printf '%-28s %-24s %4ds\n' "$name" "SKIP (budget ${budget}s)" 0 | tee -a "$results/summary.txt"
+    failed=$((failed + 1))
+    return 0
+  fi
+  ((limit <= left)) || limit=$left
   local t0=$SECONDS rc=0
   timeout "$limit" "$@" >"$results/$name.log" 2>&1 || rc=$?
   local verdict=pass
@@ -72,14 +98,67 @@ step() {
   elif ((rc != 0)); then
     verdict="FAIL (exit $rc)"
   fi
+  ((rc == 0)) || failed=$((failed + 1))
   printf '%-28s %-24s %4ds\n' "$name" "$verdict" $((SECONDS - t0)) | tee -a "$results/summary.txt"
-  grep -E '^test result:|panicked at|^error' "$results/$name.log" | head -5 | sed 's/^/    /' | tee -a "$results/summary.txt" || true
+  grep -E '^test result:|panicked at|^error|skipping' "$results/$name.log" | head -5 | sed 's/^/    /' | tee -a "$results/summary.txt" || true
+}
+
+# show SED_SCRIPT NAME: the lines of step NAME's log that `sed -n SED_SCRIPT` prints; nothing if
+# the step was skipped (no log).
+show() {
+  [[ -f $results/$2.log ]] || return 0
+  sed -n "$1" "$results/$2.log"
+}
+
+# checkpoint_dir NEED_GB: a writable directory with NEED_GB (decimal) free: the RAM disk when it
+# has room, else the temporary directory, else target/.
+checkpoint_dir() {
+  local need=$(($1 * 1000000000)) d avail
+  for d in /dev/shm "${TMPDIR:-/tmp}" "$PWD/target"; do
+    [[ -d $d && -w $d ]] || continue
+    avail=$(df -P -B1 "$d" 2>/dev/null | awk 'NR == 2 { print $4 }')
+    if [[ $avail =~ ^[0-9]+$ ]] && ((avail >= need)); then
+      echo "$d"
+      return 0
+    fi
+  done
+  return 1
+}
+
+# e2e BIN BACKEND SHAPE NEED_GB SYNTH_LIMIT_S: the end-to-end decode, batch 1, of a random bf16
+# checkpoint of SHAPE (a preset or a config.json) on BACKEND, against its wall at the copy peak
+# BACKEND measures (first: no device, nothing written); the result line goes to
+# $results/results.txt. The checkpoint is removed once decoded.
+e2e() {
+  local bin=$1 backend=$2 shape=$3 need_gb=$4 synth_limit=$5
+  # 16 prompt ids below every vocabulary the presets have (Llama 3.1's BOS first).
+  local prompt=128000,791,1176,14198,39935,35308,927,279,16053,5679,13,578,4062,374,264,1296
+  local root ckpt
+  # The peak first: without the device it fails at once, and nothing is written.
+  step "peak-$backend-json" 60 "$bin/memwall" peak --backend "$backend" --json
+  if ! grep -qs '^\[' "$results/peak-$backend-json.log"; then
+    echo "e2e: skipped: no peak measured on $backend" | tee -a "$results/summary.txt"
+    return 0
+  fi
+  if ! root=$(checkpoint_dir "$need_gb"); then
+    echo "e2e: FAIL: no directory with ${need_gb} GB free (/dev/shm, ${TMPDIR:-/tmp}, target/)" | tee -a "$results/summary.txt"
+    failed=$((failed + 1))
+    return 0
+  fi
+  ckpt=$root/memwall-e2e-$(basename "$shape" .json)-bf16
+  rm -rf "$ckpt"
+  step synth "$synth_limit" "$bin/memwall" synth --shape "$shape" --dtype bf16 --out "$ckpt"
+  show 's/^wrote/    wrote/p' synth | tee -a "$results/summary.txt"
+  step "decode-$backend" 180 "$bin/memwall" run --backend "$backend" --model "$ckpt" \
+    --tokens "$prompt" --max-new-tokens 256 --kv-dtype bf16 --json
+  rm -rf "$ckpt"
+  step decode-wall 30 python3 scripts/decode_wall.py "$bin/memwall" "$results/decode-$backend.log" \
+    "$results/peak-$backend-json.log" "$shape" "$results/decode-wall.json"
+  show '/^decode /p' decode-wall >>"$results/results.txt"
 }
 
 run() {
-  results=${1:-${OUT:-$pack/results}}
-  mkdir -p "$results"
-  : >"$results/summary.txt"
+  start_results "${1:-${OUT:-$pack/results}}"
   local work
   work=$(mktemp -d)
   tar -C "$work" -xJf "$pack/bin.tar.xz"
@@ -104,19 +183,54 @@ run() {
   done
   # The SM-driven ceiling (stream.cu read and copy, 4 GiB) and the copy engine, vs the datasheet.
   step peak-cuda 60 "$bin/memwall" peak --backend cuda
-  sed -n '/^kernel/,$p' "$results/peak-cuda.log" | tee -a "$results/summary.txt"
+  # shellcheck disable=SC2016 # sed's $, not the shell's
+  show '/^kernel/,$p' peak-cuda | tee -a "$results/summary.txt"
   step run-cuda 60 "$bin/memwall" run --model tests/parity/fixtures/llama_tied_f32 --tokens 1,2,3 \
     --max-new-tokens 4 --backend cuda --json
-  # GEMV at the Llama 3.1 8B shapes against the copy peak of the same run; its closing lines.
-  export CRITERION_HOME=$results/criterion
+  # GEMV, decode attention and GEMM against the copy peak of the same run and cuBLAS.
+  export CRITERION_HOME=$results/criterion MEMWALL_BENCH_BUDGET_S=200
   step bench-gpu 240 "$bin/gpu" --bench
-  sed -n '/^summary/,$p' "$results/bench-gpu.log" | tee -a "$results/summary.txt"
-  echo "not run yet: attention benches, the 8B-shaped end-to-end decode (issue 5)" | tee -a "$results/summary.txt"
+  # shellcheck disable=SC2016
+  show '/^summary/,$p' bench-gpu >>"$results/results.txt"
+  # The end-to-end decode of a Llama-3.1-8B-shaped checkpoint (16 GB written there).
+  e2e "$bin" cuda llama-3.1-8b 18 150
   rm -rf "$work"
+  finish_results
+}
+
+# start_results DIR: the results directory, the run's clock and budget.
+start_results() {
+  results=$1
+  mkdir -p "$results"
+  : >"$results/summary.txt"
+  : >"$results/results.txt"
+  run_start=$SECONDS
+  budget=${MEMWALL_CHECK_BUDGET_S:-510}
+  failed=0
+}
+
+# The results after the steps: each kernel and shape, then the end-to-end decode; fails (exit 1)
+# if a step failed or was skipped.
+finish_results() {
+  {
+    echo
+    echo "results (GB/s and % of the copy peak measured in the same run; GEMM in TFLOP/s; a ratio"
+    echo "to cuBLAS above 1 means ours is faster; decode tokens/s against the wall):"
+    if [[ -s $results/results.txt ]]; then cat "$results/results.txt"; else echo "    none: see the failed steps above"; fi
+    echo "total $((SECONDS - run_start)) s of a ${budget} s budget; $failed step(s) failed or skipped"
+  } | tee -a "$results/summary.txt"
+  ((failed == 0))
 }
 
 case "${1:-}" in
   build) build ;;
   run) shift; run "$@" ;;
-  *) echo "usage: $0 build | run [RESULTS_DIR]" >&2; exit 2 ;;
+  e2e)
+    shift
+    (($# >= 3)) || { echo "usage: $0 e2e BIN_DIR BACKEND SHAPE [RESULTS_DIR]" >&2; exit 2; }
+    start_results "${4:-$pack/e2e-results}"
+    e2e "$1" "$2" "$3" 0 60
+    finish_results
+    ;;
+  *) echo "usage: $0 build | run [RESULTS_DIR] | e2e BIN_DIR BACKEND SHAPE [RESULTS_DIR]" >&2; exit 2 ;;
 esac

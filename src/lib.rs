@@ -4,7 +4,7 @@
 //! CPU backends; [`model`] runs Hugging Face checkpoints on any backend; [`kernels`] holds the
 //! kernel images this build embedded; [`wall`] computes the memory wall of a model on a device;
 //! [`engine`] is the continuous-batching scheduler and [`scenario`] the MLPerf scenarios measured
-//! through it.
+//! through it; [`synth`] writes random checkpoints of a model's shape.
 
 pub use memwall_model as model;
 pub use memwall_runtime as runtime;
@@ -14,6 +14,7 @@ pub mod engine;
 pub mod peak;
 pub mod peak_gpu;
 pub mod scenario;
+pub mod synth;
 pub mod wall;
 
 pub mod kernels {

@@ -29,6 +29,9 @@ enum Command {
     /// The MLPerf scenarios (SingleStream, Server, Offline) measured on a checkpoint through the
     /// continuous-batching scheduler, beside the wall and roofline predictions.
     Scenario(cmd::scenario::ScenarioArgs),
+    /// Writes a checkpoint of a model's shape with random weights (config.json and
+    /// model.safetensors) for `memwall run` and the benches.
+    Synth(cmd::synth::SynthArgs),
 }
 
 type BoxError = Box<dyn std::error::Error>;
@@ -44,6 +47,7 @@ fn main() -> ExitCode {
         Command::Wall(args) => cmd::wall::wall_command(&args).map_err(BoxError::from),
         Command::Run(args) => cmd::run::run(&args),
         Command::Scenario(args) => cmd::scenario::scenario_cmd(&args),
+        Command::Synth(args) => cmd::synth::synth_cmd(&args).map_err(BoxError::from),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -162,11 +162,19 @@ impl<B: Backend> Model<B> {
                 OpCost { bytes_read: 2 * rows * c.kv_dim() as u64 * f32b + 8 * rows, flops: 0 }
             }
             Op::Attention { .. } => {
-                let kv = 2 * s.attended * c.kv_dim() as u64 * cache_dtype.size() as u64;
-                OpCost {
-                    bytes_read: kv + rows * c.q_dim() as u64 * f32b + 8 * rows,
-                    flops: 4 * s.attended * c.q_dim() as u64,
-                }
+                // The live K and V, q and the rows' slot and position (`memwall_runtime::cost`).
+                let bytes = cost::attention_traffic(
+                    s.rows,
+                    s.attended,
+                    c.num_heads,
+                    c.num_kv_heads,
+                    c.head_dim,
+                    cache_dtype,
+                    cache_dtype,
+                    DType::F32,
+                )
+                .map_or(0, |b| b.read());
+                OpCost { bytes_read: bytes, flops: 4 * s.attended * c.q_dim() as u64 }
             }
             Op::SiluMul { .. } => {
                 let n = rows * c.intermediate_size as u64;

@@ -110,6 +110,61 @@ pub fn linear_bytes(
     linear_traffic(m, n, k, weight, scale, act).map(|b| b.total())
 }
 
+/// The traffic of decode attention over a KV cache: the live keys and values read once (the
+/// `attended` positions summed over the query rows, each `kv_heads x head_dim` elements of `k`
+/// and of `v`), `q` and the rows' slot and position (u32 each) read once, `out` written once (`q`
+/// and `out` `[rows, heads, head_dim]` of `act`). The allocated capacity of the cache never counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AttentionBytes {
+    pub kv: u64,
+    pub q: u64,
+    /// The rows' slot and position indices.
+    pub index: u64,
+    pub out: u64,
+}
+
+impl AttentionBytes {
+    /// Bytes read: keys, values, `q` and the indices (what the model's `OpCost::bytes_read`
+    /// counts).
+    pub fn read(&self) -> u64 {
+        self.kv + self.q + self.index
+    }
+
+    /// Bytes read and written (what an attention bench divides by its time).
+    pub fn total(&self) -> u64 {
+        self.read() + self.out
+    }
+}
+
+/// The traffic of attention of `rows` query rows of `heads` heads over `attended` cached positions
+/// in all (the sum over rows of `position + 1`), `kv_heads` of `head_dim` in the cache, keys of
+/// dtype `k` and values of dtype `v`, activations of `act`. An error if a count overflows `u64`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_traffic(
+    rows: usize,
+    attended: u64,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    k: DType,
+    v: DType,
+    act: DType,
+) -> Result<AttentionBytes> {
+    let counted = (|| {
+        let row_elems = (heads as u64).checked_mul(head_dim as u64)?.checked_mul(rows as u64)?;
+        let kv_elems = attended.checked_mul(kv_heads as u64)?.checked_mul(head_dim as u64)?;
+        let b = AttentionBytes {
+            kv: kv_elems.checked_mul(k.size() as u64 + v.size() as u64)?,
+            q: row_elems.checked_mul(act.size() as u64)?,
+            index: (rows as u64).checked_mul(8)?,
+            out: row_elems.checked_mul(act.size() as u64)?,
+        };
+        b.kv.checked_add(b.q)?.checked_add(b.index)?.checked_add(b.out)?;
+        Some(b)
+    })();
+    counted.ok_or_else(|| Error::ShapeOverflow { shape: vec![rows, heads, kv_heads, head_dim] })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,5 +221,21 @@ mod tests {
         assert_eq!(b, LinearBytes { weight: 140, scales: 40, x: 84, y: 120 });
         assert_eq!(b.read(), 264);
         assert_eq!(b.total(), 384);
+    }
+
+    #[test]
+    fn attention_counts_the_live_positions() {
+        // Llama 3.1 8B, one sequence at 8192 positions, bf16 cache, f32 q and out: 32 MiB of
+        // keys and values per layer.
+        let b = attention_traffic(1, 8192, 32, 8, 128, DType::BF16, DType::BF16, DType::F32).expect("fits");
+        assert_eq!(b.kv, 8192 * 8 * 128 * 4);
+        assert_eq!((b.q, b.out, b.index), (32 * 128 * 4, 32 * 128 * 4, 8));
+        assert_eq!(b.read(), b.kv + b.q + 8);
+        assert_eq!(b.total(), b.read() + b.out);
+        // Two rows at positions 9 and 4 attend over 10 + 5 positions; k f32 and v f16.
+        let b = attention_traffic(2, 15, 4, 2, 8, DType::F32, DType::F16, DType::F32).expect("fits");
+        assert_eq!(b, AttentionBytes { kv: 15 * 2 * 8 * 6, q: 2 * 4 * 8 * 4, index: 16, out: 2 * 4 * 8 * 4 });
+        let r = attention_traffic(1, u64::MAX, 32, 8, 128, DType::F32, DType::F32, DType::F32);
+        assert!(matches!(r, Err(Error::ShapeOverflow { .. })));
     }
 }

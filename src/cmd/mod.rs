@@ -3,4 +3,5 @@
 pub mod peak;
 pub mod run;
 pub mod scenario;
+pub mod synth;
 pub mod wall;
