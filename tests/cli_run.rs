@@ -1,20 +1,14 @@
 //! `memwall run` end to end on a parity fixture: the greedy ids transformers produced, the logits
 //! dumped as .npy, the JSON output, a batch, and the typed errors as messages with a failing exit.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::Command;
+
+use common::cli::memwall;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/parity/fixtures").join(name)
-}
-
-fn memwall(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_memwall")).args(args).output().expect("run memwall");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
 }
 
 fn expected(name: &str) -> serde_json::Value {
@@ -161,23 +155,10 @@ fn run_errors() {
 fn run_on_a_gpu_is_an_error_without_a_device() {
     let dir = fixture("llama_tied_f32");
     let d = dir.to_str().unwrap();
-    for (backend, present, no_device) in
-        [("cuda", cfg!(feature = "cuda"), "no CUDA device"), ("hip", cfg!(feature = "hip"), "no ROCm device")]
-    {
-        #[cfg(feature = "cuda")]
-        if backend == "cuda" && memwall::runtime::gpu::cuda::device_count().is_ok_and(|n| n > 0) {
-            eprintln!("skipping cuda: a CUDA device is present (the GPU suites run it)");
-            continue;
-        }
-        #[cfg(feature = "hip")]
-        if backend == "hip" && memwall::runtime::gpu::hip::device_count().is_ok_and(|n| n > 0) {
-            eprintln!("skipping hip: a ROCm device is present (the GPU suites run it)");
-            continue;
-        }
+    for (backend, want) in common::cli::gpus_without_a_device() {
         let (ok, _, err) =
             memwall(&["run", "--model", d, "--tokens", "1,2", "--max-new-tokens", "2", "--backend", backend]);
         assert!(!ok, "{backend} ran without a device");
-        let want = if present { no_device.to_string() } else { format!("--features {backend}") };
         assert!(err.contains(&want), "{backend}: {err}");
     }
 }

@@ -2,20 +2,14 @@
 //! token counts the queries imply, a JSONL request file, a KV pool small enough to force
 //! preemptions, the SVG, and bad request files as typed errors with a failing exit.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::Command;
+
+use common::cli::memwall;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/parity/fixtures").join(name)
-}
-
-fn memwall(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_memwall")).args(args).output().expect("run memwall");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
 }
 
 fn temp(name: &str) -> PathBuf {

@@ -16,14 +16,29 @@ mod parity_kit;
 
 use parity_kit::{TOLERANCE, check_case_on};
 
-const CASES: [&str; 6] = [
-    "llama31_gqa_bf16",
-    "llama_tied_f32",
-    "llama_mha_f16",
-    "mixtral_top2_bf16",
-    "mixtral_top1_f32",
-    "llama_fp8_channel",
-];
+/// The parity fixtures: `CASES`, and one device test per fixture on each real GPU (a failure
+/// names its checkpoint).
+macro_rules! fixtures {
+    ($($case:ident),* $(,)?) => {
+        #[cfg_attr(not(feature = "emulate"), allow(dead_code))]
+        const CASES: &[&str] = &[$(stringify!($case)),*];
+
+        device_tests! {
+            $(fn $case(b, who) {
+                check_case_on(b, stringify!($case), TOLERANCE);
+            })*
+        }
+    };
+}
+
+fixtures!(
+    llama31_gqa_bf16,
+    llama_tied_f32,
+    llama_mha_f16,
+    mixtral_top2_bf16,
+    mixtral_top1_f32,
+    llama_fp8_channel
+);
 
 #[cfg(feature = "emulate")]
 #[test]
@@ -35,45 +50,4 @@ fn every_fixture_on_the_emulated_gpu() {
             check_case_on(memwall::emulated_backend(schedule).expect("emulated backend"), case, TOLERANCE);
         }
     }
-}
-
-// One test per fixture on each real GPU: a failure names its checkpoint.
-device_tests! {
-    fn llama31_gqa_bf16(b, who) {
-        check_case_on(b, "llama31_gqa_bf16", TOLERANCE);
-    }
-
-    fn llama_tied_f32(b, who) {
-        check_case_on(b, "llama_tied_f32", TOLERANCE);
-    }
-
-    fn llama_mha_f16(b, who) {
-        check_case_on(b, "llama_mha_f16", TOLERANCE);
-    }
-
-    fn mixtral_top2_bf16(b, who) {
-        check_case_on(b, "mixtral_top2_bf16", TOLERANCE);
-    }
-
-    fn mixtral_top1_f32(b, who) {
-        check_case_on(b, "mixtral_top1_f32", TOLERANCE);
-    }
-
-    fn llama_fp8_channel(b, who) {
-        check_case_on(b, "llama_fp8_channel", TOLERANCE);
-    }
-}
-
-/// The device tests above cover every fixture.
-#[test]
-fn device_tests_cover_every_case() {
-    let covered = [
-        "llama31_gqa_bf16",
-        "llama_tied_f32",
-        "llama_mha_f16",
-        "mixtral_top2_bf16",
-        "mixtral_top1_f32",
-        "llama_fp8_channel",
-    ];
-    assert_eq!(CASES, covered);
 }

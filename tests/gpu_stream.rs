@@ -15,9 +15,8 @@
 
 mod common;
 
-use std::process::Command;
-
-use common::{Rng, *};
+use common::Rng;
+use common::cli::memwall;
 use memwall::runtime::gpu::{Device, Gpu};
 
 /// Vector counts (16 bytes each): tiny, a block's unrolled group (256 x 4) and one more, odd
@@ -88,36 +87,14 @@ fn bad_input<D: Device>(g: &Gpu<D>, who: &str) {
     assert!(err(g.stream_copy(&mut dst, &src, 64), "past dst").contains("dst holds 32"));
 }
 
-fn memwall(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_memwall")).args(args).output().expect("run memwall");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
-}
-
 /// `memwall peak --backend cuda` and `--backend hip`: without the feature, an error saying how to
 /// build it; with it and no device, the backend's no-device error (a GPU machine runs the command
 /// for real in scripts/device-check.sh).
 #[test]
 fn peak_on_a_gpu_is_an_error_without_a_device() {
-    for (backend, present, no_device) in
-        [("cuda", cfg!(feature = "cuda"), "no CUDA device"), ("hip", cfg!(feature = "hip"), "no ROCm device")]
-    {
-        #[cfg(feature = "cuda")]
-        if backend == "cuda" && memwall::runtime::gpu::cuda::device_count().is_ok_and(|n| n > 0) {
-            eprintln!("skipping cuda: a CUDA device is present (scripts/device-check.sh runs the command)");
-            continue;
-        }
-        #[cfg(feature = "hip")]
-        if backend == "hip" && memwall::runtime::gpu::hip::device_count().is_ok_and(|n| n > 0) {
-            eprintln!("skipping hip: a ROCm device is present");
-            continue;
-        }
+    for (backend, want) in common::cli::gpus_without_a_device() {
         let (ok, _, err) = memwall(&["peak", "--backend", backend, "--passes", "1"]);
         assert!(!ok, "{backend} measured without a device");
-        let want = if present { no_device.to_string() } else { format!("--features {backend}") };
         assert!(err.contains(&want), "{backend}: {err}");
     }
 }
@@ -143,7 +120,7 @@ mod emulated {
 
     #[test]
     fn read_and_copy_match_the_host() {
-        for (name, g) in gpu::emulated() {
+        for (name, g) in common::gpu::emulated() {
             stream_cases(&g, &name, &VECS);
         }
     }
@@ -181,7 +158,7 @@ mod emulated {
 
     #[test]
     fn bad_sizes_are_errors() {
-        for (name, g) in gpu::emulated() {
+        for (name, g) in common::gpu::emulated() {
             bad_input(&g, &name);
         }
     }

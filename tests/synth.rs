@@ -3,8 +3,11 @@
 //! against the recipe's values rounded to the dtype, the same bytes for the same seed, a decode
 //! through `memwall run`, and bad arguments as errors.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::Command;
+
+use common::cli::memwall;
 
 use memwall::model::checkpoint::Checkpoint;
 use memwall::model::{Model, ModelConfig};
@@ -157,15 +160,6 @@ fn bad_arguments_are_typed_errors() {
     let file = dir.0.join("tiny.json");
     std::fs::write(&file, llama(false).to_string()).expect("write config");
     assert_eq!(synth::config_for(file.to_str().expect("utf-8")).expect("file"), llama(false));
-}
-
-fn memwall(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_memwall")).args(args).output().expect("run memwall");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
 }
 
 #[test]

@@ -61,34 +61,25 @@ pub fn hip() -> Option<memwall::runtime::gpu::Gpu<memwall::runtime::gpu::hip::Hi
 #[macro_export]
 macro_rules! device_tests {
     ($(const $c:ident: $t:ty = $v:expr;)* $(fn $name:ident($b:ident, $who:ident) $body:block)*) => {
-        #[cfg(feature = "cuda")]
-        mod cuda {
+        $crate::device_tests!(@on cuda, "cuda", "needs a CUDA device";
+            $(const $c: $t = $v;)* $(fn $name($b, $who) $body)*);
+        $crate::device_tests!(@on hip, "hip", "needs a ROCm device";
+            $(const $c: $t = $v;)* $(fn $name($b, $who) $body)*);
+    };
+    (@on $device:ident, $feature:literal, $reason:literal;
+        $(const $c:ident: $t:ty = $v:expr;)* $(fn $name:ident($b:ident, $who:ident) $body:block)*) => {
+        #[cfg(feature = $feature)]
+        mod $device {
             #[allow(unused_imports)]
             use super::*;
             $(const $c: $t = $v;)*
             $(
                 #[test]
-                #[ignore = "needs a CUDA device"]
+                #[ignore = $reason]
                 #[allow(unused_variables)]
                 fn $name() {
-                    let Some($b) = $crate::common::gpu::cuda() else { return };
-                    let $who = "cuda";
-                    $body
-                }
-            )*
-        }
-        #[cfg(feature = "hip")]
-        mod hip {
-            #[allow(unused_imports)]
-            use super::*;
-            $(const $c: $t = $v;)*
-            $(
-                #[test]
-                #[ignore = "needs a ROCm device"]
-                #[allow(unused_variables)]
-                fn $name() {
-                    let Some($b) = $crate::common::gpu::hip() else { return };
-                    let $who = "hip";
+                    let Some($b) = $crate::common::gpu::$device() else { return };
+                    let $who = $feature;
                     $body
                 }
             )*

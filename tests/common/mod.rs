@@ -10,6 +10,7 @@
 
 #![allow(dead_code)]
 
+pub mod cli;
 pub mod gpu;
 
 use memwall_runtime::{Backend, DType, Float, Tensor, with_float_type};
