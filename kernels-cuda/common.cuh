@@ -20,8 +20,8 @@
 // - the storage types bf16, f16, e4m3fn, e4m3fnuz, e5m2, e5m2fnuz (raw bits; the fp8 flavour is
 //   part of the type because the same byte means different numbers) and exact conversions
 //   mw::to_f32(x), mw::from_f32<T>(f) (round to nearest even; fp8 saturating, as the runtime).
-// - warp and block reductions, and mw::report for data-dependent errors (the status word of
-//   runtime/src/gpu/status.rs).
+// - mw::silu_times (the MLP's SiLU product), warp and block reductions, and mw::report for
+//   data-dependent errors (the status word of runtime/src/gpu/status.rs).
 #pragma once
 
 #if defined(MEMWALL_SIMT) && !defined(MEMWALL_SIMT_HIP)
@@ -181,6 +181,12 @@ template <> MW_DEV f16 from_f32<f16>(float f) {
     return f16{uint16_t(sign | ((rounded - 0x38000000u) >> 13))};
 #endif
 }
+
+// ---- activations -------------------------------------------------------------------------------
+
+// silu(g) * u = g / (1 + exp(-g)) * u, with expf (not the fast __expf): silu_mul (elementwise.cu)
+// and the fused gate_up_silu (gemv.cu) round alike.
+MW_DEV float silu_times(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
 // ---- reductions --------------------------------------------------------------------------------
 
