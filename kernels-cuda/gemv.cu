@@ -55,8 +55,9 @@ constexpr int GEMV_THREADS = GEMV_WARPS * MW_WARP;
 constexpr int GEMV_UNROLL = 4;
 
 // One chunk of VEC weights (row j, columns l0 .. l0 + VEC - 1) of each of the NW matrices against
-// the R rows of x: each x element is loaded once for all NW products.
-template <typename W, int R, int NW>
+// the R rows of x: each x element is loaded once for all NW products. The chunk's sums are added
+// to `dot` (ADD) or replace it.
+template <typename W, int R, int NW, bool ADD = false>
 MW_DEV void chunk_dots(const Words (&w)[NW], const LinearParams& p, uint64_t l0, float (&dot)[NW][R]) {
     constexpr int VEC = 16 / sizeof(W);
     float wf[NW][VEC];
@@ -67,8 +68,10 @@ MW_DEV void chunk_dots(const Words (&w)[NW], const LinearParams& p, uint64_t l0,
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
+        if constexpr (!ADD) {
 #pragma unroll
-        for (int a = 0; a < NW; ++a) dot[a][r] = 0.0f;
+            for (int a = 0; a < NW; ++a) dot[a][r] = 0.0f;
+        }
         if (uint64_t(r) < p.m) {
             const float4* x4 = reinterpret_cast<const float4*>(p.x + r * p.k + l0);
 #pragma unroll
@@ -84,59 +87,61 @@ MW_DEV void chunk_dots(const Words (&w)[NW], const LinearParams& p, uint64_t l0,
     }
 }
 
-// Whether every matrix's rows (and x) can stream in 16-byte words.
+// Whether the rows of p's shape in every one of `weights` (and x) can stream in 16-byte words.
 template <typename W, typename Scale, int NW>
-MW_DEV bool vector_path(const LinearParams (&mats)[NW]) {
+MW_DEV bool vector_path(const LinearParams& p, const void* const (&weights)[NW]) {
     constexpr int VEC = 16 / sizeof(W);
-    const LinearParams& p = mats[0];
     bool vec = (p.k * sizeof(W)) % 16 == 0 && aligned16(p.x) && (!Scale::BLOCKS || p.block_cols % VEC == 0);
 #pragma unroll
-    for (int a = 0; a < NW; ++a) vec = vec && aligned16(mats[a].weight);
+    for (int a = 0; a < NW; ++a) vec = vec && aligned16(weights[a]);
     return vec;
 }
 
-// Row j of a matrix as 16-byte words (aligned when vector_path holds).
-template <typename W>
-MW_DEV const Words* words_of_row(const LinearParams& m, uint64_t j) {
-    return reinterpret_cast<const Words*>(reinterpret_cast<const W*>(m.weight) + j * m.k);
-}
-
 // This lane's share of sum_l x[r][l] * W_real[j][l] for the R rows of x and row j of each of the NW
-// matrices `mats` (which share x, m, k and the block shape; only weight and scales differ), block
-// scales applied, per-tensor scales not: acc[a][r], to be reduced over the warp. `vec` from
-// vector_path. The whole GEMV algorithm of the header comment; gemv and gate_up_silu both run it.
+// matrices `weights` of p's shape (x, m, k, block shape), with block scales `scales` applied
+// (per-tensor scales not): acc[a][r], to be reduced over the warp. `vec` from vector_path. The
+// whole GEMV algorithm of the header comment; gemv and gate_up_silu both run it.
 template <typename W, typename Scale, int R, int NW>
-MW_DEV void row_dots(const LinearParams (&mats)[NW], bool vec, uint64_t j, int lane, float (&acc)[NW][R]) {
+MW_DEV void row_dots(const LinearParams& p, const void* const (&weights)[NW], const void* const (&scales)[NW],
+                     bool vec, uint64_t j, int lane, float (&acc)[NW][R]) {
     constexpr int VEC = 16 / sizeof(W);
-    const LinearParams& p = mats[0];
+    // GEMV_UNROLL words in flight per lane, whatever NW: as many bytes as gemv's one row.
+    constexpr int UNROLL = GEMV_UNROLL / NW;
+    static_assert(UNROLL >= 1 && GEMV_UNROLL % NW == 0, "GEMV_UNROLL loads shared by the matrices");
     const uint64_t chunks = vec ? p.k / VEC : 0;
+    const W* w_rows[NW];
 #pragma unroll
     for (int a = 0; a < NW; ++a) {
+        w_rows[a] = reinterpret_cast<const W*>(weights[a]) + j * p.k;
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[a][r] = 0.0f;
     }
-    for (uint64_t c0 = lane; c0 < chunks; c0 += uint64_t(MW_WARP) * GEMV_UNROLL) {
-        Words w_reg[GEMV_UNROLL][NW];
+    for (uint64_t c0 = lane; c0 < chunks; c0 += uint64_t(MW_WARP) * UNROLL) {
+        Words w_reg[UNROLL][NW];
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; ++u) {
+        for (int u = 0; u < UNROLL; ++u) {
             const uint64_t c = c0 + uint64_t(u) * MW_WARP;
             if (c < chunks) {
 #pragma unroll
-                for (int a = 0; a < NW; ++a) w_reg[u][a] = words_of_row<W>(mats[a], j)[c];
+                for (int a = 0; a < NW; ++a) w_reg[u][a] = reinterpret_cast<const Words*>(w_rows[a])[c];
             }
         }
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; ++u) {
+        for (int u = 0; u < UNROLL; ++u) {
             const uint64_t c = c0 + uint64_t(u) * MW_WARP;
             if (c >= chunks) break;
-            float dot[NW][R];
-            chunk_dots<W, R, NW>(w_reg[u], p, c * VEC, dot);
+            if constexpr (Scale::BLOCKS) {
+                float dot[NW][R];
+                chunk_dots<W, R, NW>(w_reg[u], p, c * VEC, dot);
 #pragma unroll
-            for (int a = 0; a < NW; ++a) {
-                float s = 1.0f;
-                if constexpr (Scale::BLOCKS) s = Scale::at(mats[a], j, c * VEC);
+                for (int a = 0; a < NW; ++a) {
+                    const float s = Scale::at(p, scales[a], j, c * VEC);
 #pragma unroll
-                for (int r = 0; r < R; ++r) acc[a][r] += Scale::BLOCKS ? dot[a][r] * s : dot[a][r];
+                    for (int r = 0; r < R; ++r) acc[a][r] += dot[a][r] * s;
+                }
+            } else {
+                // Unscaled chunks go straight into the sums (no second set of NW x R registers).
+                chunk_dots<W, R, NW, true>(w_reg[u], p, c * VEC, acc);
             }
         }
     }
@@ -144,8 +149,8 @@ MW_DEV void row_dots(const LinearParams (&mats)[NW], bool vec, uint64_t j, int l
     for (uint64_t l = chunks * VEC + lane; l < p.k; l += MW_WARP) {
 #pragma unroll
         for (int a = 0; a < NW; ++a) {
-            float wl = mw::to_f32(reinterpret_cast<const W*>(mats[a].weight)[j * p.k + l]);
-            if constexpr (Scale::BLOCKS) wl *= Scale::at(mats[a], j, l);
+            float wl = mw::to_f32(w_rows[a][l]);
+            if constexpr (Scale::BLOCKS) wl *= Scale::at(p, scales[a], j, l);
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 if (uint64_t(r) < p.m) acc[a][r] += p.x[r * p.k + l] * wl;
@@ -154,56 +159,88 @@ MW_DEV void row_dots(const LinearParams (&mats)[NW], bool vec, uint64_t j, int l
     }
 }
 
+// gemv: row_dots' algorithm for one matrix, kept in this form (chunk_dot, one word per load) because
+// it is the form ptxas allocates without spills for every instantiation (routing it through
+// row_dots<..., 1> spilled 8 to 32 bytes in the plain fp8 kernels on sm_80).
+template <typename W, int R>
+MW_DEV void chunk_dot(const Words& w, const LinearParams& p, uint64_t l0, float (&dot)[R]) {
+    const Words words[1] = {w};
+    float dots[1][R];
+    chunk_dots<W, R, 1>(words, p, l0, dots);
+#pragma unroll
+    for (int r = 0; r < R; ++r) dot[r] = dots[0][r];
+}
+
 template <typename W, typename Scale, int R>
 MW_DEV void gemv(const LinearParams& p) {
-    const LinearParams mats[1] = {p};
+    constexpr int VEC = 16 / sizeof(W);
     const int lane = threadIdx.x % MW_WARP;
     const uint64_t warps = uint64_t(gridDim.x) * GEMV_WARPS;
-    const bool vec = vector_path<W, Scale>(mats);
+    const bool vec = (p.k * sizeof(W)) % 16 == 0 && aligned16(p.weight) && aligned16(p.x) &&
+                     (!Scale::BLOCKS || p.block_cols % VEC == 0);
+    const uint64_t chunks = vec ? p.k / VEC : 0;
     for (uint64_t j = uint64_t(blockIdx.x) * GEMV_WARPS + threadIdx.x / MW_WARP; j < p.n; j += warps) {
-        float acc[1][R];
-        row_dots<W, Scale, R>(mats, vec, j, lane, acc);
+        const W* w_row = reinterpret_cast<const W*>(p.weight) + j * p.k;
+        const Words* w_words = reinterpret_cast<const Words*>(w_row);
+        float acc[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+        for (uint64_t c0 = lane; c0 < chunks; c0 += uint64_t(MW_WARP) * GEMV_UNROLL) {
+            Words w_reg[GEMV_UNROLL];
+#pragma unroll
+            for (int u = 0; u < GEMV_UNROLL; ++u) {
+                const uint64_t c = c0 + uint64_t(u) * MW_WARP;
+                if (c < chunks) w_reg[u] = w_words[c];
+            }
+#pragma unroll
+            for (int u = 0; u < GEMV_UNROLL; ++u) {
+                const uint64_t c = c0 + uint64_t(u) * MW_WARP;
+                if (c >= chunks) break;
+                float dot[R];
+                chunk_dot<W, R>(w_reg[u], p, c * VEC, dot);
+                float s = 1.0f;
+                if constexpr (Scale::BLOCKS) s = Scale::at(p, j, c * VEC);
+#pragma unroll
+                for (int r = 0; r < R; ++r) acc[r] += Scale::BLOCKS ? dot[r] * s : dot[r];
+            }
+        }
+        // Scalar elements: all of them off the vector path, else the tail past the last chunk.
+        for (uint64_t l = chunks * VEC + lane; l < p.k; l += MW_WARP) {
+            float wl = mw::to_f32(w_row[l]);
+            if constexpr (Scale::BLOCKS) wl *= Scale::at(p, j, l);
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                if (uint64_t(r) < p.m) acc[r] += p.x[r * p.k + l] * wl;
+            }
+        }
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            const float total = mw::warp_sum(acc[0][r]);
+            const float total = mw::warp_sum(acc[r]);
             if (lane == 0 && uint64_t(r) < p.m) store_y(p, r, j, Scale::BLOCKS ? total : total * p.scale);
         }
     }
 }
 
-// The LinearParams of one of gate_up_silu's two matrices (no y: the kernel stores the product).
-MW_DEV LinearParams matrix_of(const GateUpParams& p, const void* weight, const void* scales, float scale) {
-    LinearParams m{};
-    m.x = p.x;
-    m.weight = weight;
-    m.scales = scales;
-    m.m = p.m;
-    m.n = p.n;
-    m.k = p.k;
-    m.block_rows = p.block_rows;
-    m.block_cols = p.block_cols;
-    m.scale = scale;
-    m.y_dtype = MW_Y_F32;
-    return m;
-}
-
+// p.gate carries the shape, x, the gate weight and scales, and out as its f32 y.
 template <typename W, typename Scale, int R>
 MW_DEV void gate_up_silu(const GateUpParams& p) {
-    const LinearParams mats[2] = {matrix_of(p, p.gate, p.gate_scales, p.gate_scale),
-                                  matrix_of(p, p.up, p.up_scales, p.up_scale)};
+    const LinearParams& g = p.gate;
+    const void* const weights[2] = {g.weight, p.up};
+    const void* const scales[2] = {g.scales, p.up_scales};
     const int lane = threadIdx.x % MW_WARP;
     const uint64_t warps = uint64_t(gridDim.x) * GEMV_WARPS;
-    const bool vec = vector_path<W, Scale>(mats);
-    for (uint64_t j = uint64_t(blockIdx.x) * GEMV_WARPS + threadIdx.x / MW_WARP; j < p.n; j += warps) {
+    const bool vec = vector_path<W, Scale>(g, weights);
+    float* out = reinterpret_cast<float*>(g.y);
+    for (uint64_t j = uint64_t(blockIdx.x) * GEMV_WARPS + threadIdx.x / MW_WARP; j < g.n; j += warps) {
         float acc[2][R];
-        row_dots<W, Scale, R>(mats, vec, j, lane, acc);
+        row_dots<W, Scale, R>(g, weights, scales, vec, j, lane, acc);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            const float g = mw::warp_sum(acc[0][r]);
-            const float u = mw::warp_sum(acc[1][r]);
-            if (lane == 0 && uint64_t(r) < p.m) {
-                p.out[r * p.n + j] = Scale::BLOCKS ? mw::silu_times(g, u)
-                                                   : mw::silu_times(g * p.gate_scale, u * p.up_scale);
+            const float gate = mw::warp_sum(acc[0][r]);
+            const float up = mw::warp_sum(acc[1][r]);
+            if (lane == 0 && uint64_t(r) < g.m) {
+                out[r * g.n + j] = Scale::BLOCKS ? mw::silu_times(gate, up)
+                                                 : mw::silu_times(gate * g.scale, up * p.up_scale);
             }
         }
     }

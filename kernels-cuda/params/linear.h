@@ -40,24 +40,15 @@ MW_LAYOUT(WidenParams, out, x, n)
 
 /* gate_up_silu_<w>[_block_<s>]_r<R>: out[i][j] = silu(g) * u, g = sum_l x[i][l] * Gate_real[j][l],
  * u = sum_l x[i][l] * Up_real[j][l], i < m, j < n, l < k; silu(g) = g / (1 + exp(-g)).
- * x f32 [m, k] (widened first, as for linear); out f32 [m, n]; gate and up [n, k] of dtype <w>,
- * scaled alike: plain kernels multiply the sums by `gate_scale` and `up_scale` (1 when unscaled);
- * _block_<s> kernels scale as linear's with `gate_scales` and `up_scales`, both in blocks of
- * block_rows x block_cols (per channel: 1 x k). */
+ * `gate` is the LinearParams of the gate projection (x f32 [m, k], widened first as for linear;
+ * weight [n, k] of dtype <w>; its scale; y = out, f32 [m, n], y_dtype MW_Y_F32); the up weight
+ * [n, k] is `up`, of the same dtype and scaled alike: plain kernels multiply its sums by
+ * `up_scale`, _block_<s> kernels read `up_scales` in gate's blocks (block_rows x block_cols). */
 struct GateUpParams {
-    float* out;
-    const float* x;
-    const void* gate;
+    struct LinearParams gate;
     const void* up;
-    const void* gate_scales;
     const void* up_scales;
-    uint64_t m;
-    uint64_t n;
-    uint64_t k;
-    uint32_t block_rows;
-    uint32_t block_cols;
-    float gate_scale;
     float up_scale;
+    uint32_t pad;
 };
-MW_LAYOUT(GateUpParams, out, x, gate, up, gate_scales, up_scales, m, n, k, block_rows, block_cols, gate_scale,
-          up_scale)
+MW_LAYOUT(GateUpParams, gate, up, up_scales, up_scale, pad)

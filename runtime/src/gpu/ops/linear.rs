@@ -46,29 +46,22 @@ pub struct WidenParams {
     pub n: u64,
 }
 
-/// `GateUpParams` of `kernels-cuda/params/linear.h`.
+/// `GateUpParams` of `kernels-cuda/params/linear.h`: the gate projection's `LinearParams` (its `y`
+/// the f32 out) and the up weight, scaled alike.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct GateUpParams {
-    pub out: u64,
-    pub x: u64,
-    pub gate: u64,
+    pub gate: LinearParams,
     pub up: u64,
-    pub gate_scales: u64,
     pub up_scales: u64,
-    pub m: u64,
-    pub n: u64,
-    pub k: u64,
-    pub block_rows: u32,
-    pub block_cols: u32,
-    pub gate_scale: f32,
     pub up_scale: f32,
+    pub pad: u32,
 }
 
 const _: () = {
     use std::mem::{offset_of, size_of};
-    assert!(size_of::<GateUpParams>() == 88);
-    assert!(offset_of!(GateUpParams, block_rows) == 72 && offset_of!(GateUpParams, up_scale) == 84);
+    assert!(size_of::<GateUpParams>() == 96);
+    assert!(offset_of!(GateUpParams, up) == 72 && offset_of!(GateUpParams, up_scale) == 88);
     assert!(size_of::<LinearParams>() == 72);
     assert!(offset_of!(LinearParams, block_rows) == 56 && offset_of!(LinearParams, y_dtype) == 68);
     assert!(size_of::<WidenParams>() == 24);
@@ -308,21 +301,20 @@ pub(crate) fn gate_up_silu<D: Device>(
     let cfg = gemv_launch(d.n, g.device().info())?;
     let (gate_addr, up_addr, out_addr) = (addr::<D>(&w_gate.weight), addr::<D>(&w_up.weight), addr::<D>(out));
     with_f32_x(g, d, x, |x_addr| {
-        let p = GateUpParams {
-            out: out_addr,
+        let gate = LinearParams {
+            y: out_addr,
             x: x_addr,
-            gate: gate_addr,
-            up: up_addr,
-            gate_scales,
-            up_scales,
+            weight: gate_addr,
+            scales: gate_scales,
             m: d.m as u64,
             n: d.n as u64,
             k: d.k as u64,
             block_rows,
             block_cols,
-            gate_scale,
-            up_scale,
+            scale: gate_scale,
+            y_dtype: y_code(DType::F32),
         };
+        let p = GateUpParams { gate, up: up_addr, up_scales, up_scale, pad: 0 };
         // SAFETY: `check_gate_up_silu` checked x [m, k] (f32 here), gate and up [n, k] of the
         // kernel's dtype with scales of one kind, dtype and block shape (compared again above),
         // and out f32 [m, n]; the kernel bounds every access by m <= R, n and k as gemv does, so

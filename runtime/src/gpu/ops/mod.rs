@@ -165,21 +165,7 @@ pub fn params_layouts() -> Vec<ParamsLayout> {
             y_dtype
         }),
         params_layout!(linear::WidenParams { out, x, n }),
-        params_layout!(linear::GateUpParams {
-            out,
-            x,
-            gate,
-            up,
-            gate_scales,
-            up_scales,
-            m,
-            n,
-            k,
-            block_rows,
-            block_cols,
-            gate_scale,
-            up_scale
-        }),
+        params_layout!(linear::GateUpParams { gate, up, up_scales, up_scale, pad }),
         // rows.rs
         params_layout!(rows::EmbeddingParams {
             out,
