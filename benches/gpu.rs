@@ -10,7 +10,11 @@
 //! 3. the peer: cuBLAS `cublasGemmEx` (bf16 W and x, f32 y and compute: the closest it offers
 //!    to our f32-activation GEMV; its bytes are counted the same way) on the same weight copies;
 //!    fp8 has no plain cuBLAS GEMV (cublasLt only), so those lines have no peer yet;
-//! 4. one line per shape and dtype:
+//! 4. the fused gate/up GEMV with its SiLU product (`gate_up_silu`) at the 8B MLP shape (n 14336,
+//!    k 4096), gate and up rotating in pairs over the same working set; bytes are
+//!    `memwall_runtime::cost::gate_up_silu_traffic` (both weights and scales, x once, out), so the
+//!    line compares with the two gemv lines it replaces;
+//! 5. one line per shape and dtype:
 //!    `<kernel> <shape>: <GB/s> = <pct>% of measured copy peak; <ratio>x cuBLAS`.
 //!
 //! Bytes are `memwall_runtime::cost::linear_bytes` (weight + scales + x + y), decimal GB. Before
@@ -21,7 +25,7 @@
 use std::time::Duration;
 
 use criterion::{Criterion, SamplingMode, Throughput};
-use memwall::runtime::cost::{ScaleLayout, linear_bytes};
+use memwall::runtime::cost::{ScaleLayout, gate_up_silu_traffic, linear_bytes};
 use memwall::runtime::dtype::decode_f32;
 use memwall::runtime::gpu::cuda::CudaDevice;
 use memwall::runtime::gpu::{Device, Gpu};
@@ -33,6 +37,8 @@ use memwall::runtime::gpu::cuda::cudarc::cublas::{result as cublas, sys as cubla
 /// Llama 3.1 8B projections of one layer, `(n rows, k cols)`.
 const SHAPES: [(usize, usize); 4] = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336)];
 const WEIGHT_DTYPES: [DType; 2] = [DType::BF16, DType::F8E4M3Fn];
+/// Llama 3.1 8B gate and up projections, `(n, k)` each.
+const GATE_UP: (usize, usize) = (14336, 4096);
 const WORKING_SET: usize = 1 << 30;
 const ROTATIONS: usize = 10;
 
@@ -236,6 +242,59 @@ fn cublas_rotation(gpu: &CudaGpu, blas: &Cublas, s: &Shape, x_bf16: &Tensor<Stor
     best
 }
 
+/// The fused gate/up GEMV at `GATE_UP`: `(line, GB/s)`. Gate and up are the copies of one
+/// `setup` each (half the working set apiece); out is checked against silu(g) * u from the
+/// `linear` results of the same weights first, so a kernel that skips work cannot score.
+fn gate_up_line(gpu: &CudaGpu, dtype: DType, peak: f64) -> String {
+    let (n, k) = GATE_UP;
+    let mut gate = setup(gpu, dtype, n, k);
+    let copies = gate.weights.len().div_ceil(2);
+    gate.weights.truncate(copies);
+    let mut up = setup(gpu, dtype, n, k);
+    up.weights.truncate(copies);
+    let alloc = || gpu.alloc(DType::F32, &[1, n]).expect("allocate gate_up_silu buffers");
+    let (mut s0, mut s1, mut out) = (alloc(), alloc(), alloc());
+    let read = |t: &Tensor<Storage>| gpu.read_f32(t).expect("read");
+    gpu.linear(&gate.x, &gate.weights[0], &mut gate.y).expect("gate linear");
+    gpu.linear(&gate.x, &up.weights[0], &mut up.y).expect("up linear");
+    let (g, u) = (read(&gate.y), read(&up.y));
+    gpu.gate_up_silu(&gate.x, &gate.weights[0], &up.weights[0], (&mut s0, &mut s1), &mut out)
+        .expect("gate_up_silu");
+    let got = read(&out);
+    for row in [0, 1, n / 2, n - 1] {
+        let (g, u) = (f64::from(g[row]), f64::from(u[row]));
+        let want = g / (1.0 + (-g).exp()) * u;
+        // Both sums within k eps of each other (two f32 accumulations of the same terms), through
+        // |silu'| <= 1.1: a loose sanity bound, not a test (tests/gpu_linear.rs derives those).
+        let tol = 1e-3 * (want.abs() + 1e-3);
+        assert!(
+            (f64::from(got[row]) - want).abs() <= tol,
+            "gate_up_silu {dtype} row {row}: {} vs {want}",
+            got[row]
+        );
+    }
+    let layout = if dtype.is_fp8() { ScaleLayout::PerChannel(DType::F32) } else { ScaleLayout::None };
+    let bytes = gate_up_silu_traffic(1, n, k, dtype, layout, DType::F32).expect("bytes").total();
+    let dev = gpu.device();
+    let mut best = f64::INFINITY;
+    for _ in 0..ROTATIONS {
+        let t = dev
+            .time(|| {
+                for (g, u) in gate.weights.iter().zip(&up.weights) {
+                    gpu.gate_up_silu(&gate.x, g, u, (&mut s0, &mut s1), &mut out)?;
+                }
+                Ok(())
+            })
+            .expect("timed gate_up_silu rotation");
+        best = best.min(t / copies as f64);
+    }
+    let gbs = bytes as f64 / best / 1e9;
+    format!(
+        "gate_up_silu {dtype} 2x{n}x{k}: {gbs:.1} GB/s = {:.1}% of measured copy peak",
+        100.0 * gbs / peak
+    )
+}
+
 /// Device-to-device copy of `WORKING_SET` bytes, best of 10, in GB/s counting read + written.
 fn copy_peak(dev: &CudaDevice) -> f64 {
     let src = dev.alloc(WORKING_SET).expect("allocate copy source");
@@ -317,6 +376,7 @@ fn main() {
             ));
         }
         group.finish();
+        lines.push(gate_up_line(&gpu, dtype, peak_before));
     }
     let peak_after = copy_peak(gpu.device());
     println!("\nsummary (copy peak {peak_before:.1} GB/s before, {peak_after:.1} after):");
