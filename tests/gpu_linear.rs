@@ -351,7 +351,7 @@ fn gate_up_every_instantiation<B: Backend>(b: &B) {
         ] {
             for (m, k) in [(1, 128), (3, 17), (16, 128)] {
                 seed += 1;
-                let x = if seed % 2 == 0 { DType::F32 } else { DType::BF16 };
+                let x = if seed.is_multiple_of(2) { DType::F32 } else { DType::BF16 };
                 let c = Case { m, n: 19, k, weight, scale, scale_dtype, x, y: DType::F32, seed };
                 check_gate_up(b, &c);
             }

@@ -612,7 +612,6 @@ fn gate_up_silu_errors(b: &impl HostBackend) {
         call(&z(b, DType::F32, &[0, k]), &good, &good),
         shape(op, "x", &[0, k], "no zero-sized dimension"),
     );
-    drop(call);
     // The scratch and out: f32 [m, n] each.
     let mn = format!("[{m}, {n}]");
     for (name, which) in [("gate", 0), ("up", 1), ("out", 2)] {
