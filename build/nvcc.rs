@@ -26,6 +26,10 @@ const SPILL_ALLOWED: &[(&str, &str)] = &[
     // measured once the GPU bench runs, fixed if it costs anything.
     ("gemv_bf16_block_bf16_r4", "8-byte spill of a scale index"),
     ("gemv_bf16_block_f32_r4", "8-byte spill of a scale index"),
+    // 24 bytes on sm_90a only (sm_80 is clean): the fused gate/up GEMV holds two block-scale
+    // grids' indices at f16 weights; measured once the GPU bench runs, fixed if it costs anything.
+    ("gate_up_silu_f16_block_bf16_r4", "24-byte spill of block-scale indices on sm_90a"),
+    ("gate_up_silu_f16_block_f32_r4", "24-byte spill of block-scale indices on sm_90a"),
     // The sampling kernel's radix searches are latency-bound on an L2-resident row.
     ("sample_f32", "4-byte spill outside the hot loop"),
 ];

@@ -23,8 +23,8 @@
 //   mw::to_f32x4<T>(word, out) for four fp8 elements packed in a 32-bit word. On CDNA3 the fnuz
 //   decoders are the hardware conversions of kernels-hip/hip.h (MW_FNUZ_FP8_HW), elsewhere the
 //   software below, which is what the CPU-run tests execute.
-// - warp and block reductions, and mw::report for data-dependent errors (the status word of
-//   runtime/src/gpu/status.rs).
+// - mw::silu_times (the MLP's SiLU product), warp and block reductions, and mw::report for
+//   data-dependent errors (the status word of runtime/src/gpu/status.rs).
 #pragma once
 
 #if defined(MEMWALL_SIMT) && !defined(MEMWALL_SIMT_HIP)
@@ -213,6 +213,12 @@ template <> MW_DEV f16 from_f32<f16>(float f) {
     return f16{uint16_t(sign | ((rounded - 0x38000000u) >> 13))};
 #endif
 }
+
+// ---- activations -------------------------------------------------------------------------------
+
+// silu(g) * u = g / (1 + exp(-g)) * u, with expf (not the fast __expf): silu_mul (elementwise.cu)
+// and the fused gate_up_silu (gemv.cu) round alike.
+MW_DEV float silu_times(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
 // ---- reductions --------------------------------------------------------------------------------
 

@@ -73,8 +73,6 @@ constexpr int ELEMENT_VEC = 4;
 
 // ---- add_assign, silu_mul ----------------------------------------------------------------------
 
-MW_DEV float silu_times(float g, float u) { return g / (1.0f + expf(-g)) * u; }
-
 }  // namespace mw_elem
 
 MW_KERNEL(add_assign_f32, AddAssignParams) {
@@ -108,10 +106,10 @@ MW_KERNEL(silu_mul_f32, SiluMulParams) {
         const Vec<float, ELEMENT_VEC> g = gate4[i], u = up4[i];
         Vec<float, ELEMENT_VEC> o;
 #pragma unroll
-        for (int k = 0; k < ELEMENT_VEC; ++k) o.e[k] = silu_times(g.e[k], u.e[k]);
+        for (int k = 0; k < ELEMENT_VEC; ++k) o.e[k] = mw::silu_times(g.e[k], u.e[k]);
         out4[i] = o;
     }
-    for (uint64_t i = n4 * ELEMENT_VEC + first; i < p.n; i += stride) p.out[i] = silu_times(p.gate[i], p.up[i]);
+    for (uint64_t i = n4 * ELEMENT_VEC + first; i < p.n; i += stride) p.out[i] = mw::silu_times(p.gate[i], p.up[i]);
 }
 
 // ---- rms_norm ----------------------------------------------------------------------------------

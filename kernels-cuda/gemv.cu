@@ -12,6 +12,11 @@
 //                          e5m2fnuz; x f32 [m, k] (bf16 / f16 activations are widened first by
 //                          linear_x_f32_<t>); y [m, n] f32, bf16 or f16 (p.y_dtype); R in {1, 4,
 //                          16}: the kernel takes m <= R rows (the launcher picks the smallest R)
+// gate_up_silu_<w>[_block_<s>]_r<R>
+//                          the MLP's gate and up projections fused with their SiLU product (the
+//                          `gate_up_silu` op): out[i][j] = silu(x_i . Gate_real_j) * (x_i . Up_real_j),
+//                          gate and up [n, k] of the same dtype <w>, scaled alike (as above, the
+//                          plain kernels with one scale each); out f32 [m, n]; m <= R rows
 // linear_x_f32_<t>         out[i] = x[i] widened to f32, t in {bf16, f16}
 //
 // Launch (runtime/src/gpu/ops/linear.rs): GEMV_WARPS warps per block, one warp per output j
@@ -24,12 +29,21 @@
 // way (still coalesced). Each lane accumulates R f32 sums; a warp_sum per row; lane 0 scales and
 // stores. No shared memory, no barriers, no atomics: deterministic.
 //
+// gate_up_silu is the same warp-per-j algorithm (row_dots below) over two matrices at once: the
+// warp loads GEMV_UNROLL 16-byte words of gate row j and of up row j per lane (both in flight
+// together), widens each x element once for both products, reduces both sums, and lane 0 applies
+// the scales and silu(g) * u (mw::silu_times, as silu_mul) and stores. Each weight byte and x is
+// read once; gate and up never exist in memory. The launcher takes it for m <= GEMV_MAX_ROWS and
+// composes linear + linear + silu_mul above.
+//
 // Accuracy: f32 products and sums; fp8 / 16-bit / bf16 scales widen exactly. Each term
 // x * w (* s) meets at most k + 8 roundings (two products, the chunk sum, the lane's running sum,
 // the warp tree), so |y - y_exact| <= gamma(k + 8) sum_l |x w s| before y's own rounding.
+// gate_up_silu: g and u each within that bound, then silu(g) * u in f32 (expf within 2 ulps, a
+// division, an addition, a multiply).
 //
-// Tests: tests/gpu_linear.rs against cpu::Reference (emulated in CI). Bench: benches/gemv.rs on
-// the CPU; the GPU bench is issue 5's.
+// Tests: tests/gpu_linear.rs against cpu::Reference (emulated in CI), gate_up_silu included.
+// Bench: benches/gemv.rs on the CPU; benches/gpu.rs on a GPU (gemv and gate_up_silu).
 #include "linear.cuh"
 
 namespace mw_gemv {
@@ -40,24 +54,118 @@ constexpr int GEMV_WARPS = 4;
 constexpr int GEMV_THREADS = GEMV_WARPS * MW_WARP;
 constexpr int GEMV_UNROLL = 4;
 
-// One chunk of VEC weights (row j, columns l0 .. l0 + VEC - 1) against the R rows of x.
-template <typename W, int R>
-MW_DEV void chunk_dot(const Words& w, const LinearParams& p, uint64_t l0, float (&dot)[R]) {
+// One chunk of VEC weights (row j, columns l0 .. l0 + VEC - 1) of each of the NW matrices against
+// the R rows of x: each x element is loaded once for all NW products. The chunk's sums are added
+// to `dot` (ADD) or replace it.
+template <typename W, int R, int NW, bool ADD = false>
+MW_DEV void chunk_dots(const Words (&w)[NW], const LinearParams& p, uint64_t l0, float (&dot)[NW][R]) {
     constexpr int VEC = 16 / sizeof(W);
-    float wf[VEC];
-    widen_words<W>(w, wf);
+    float wf[NW][VEC];
+#pragma unroll
+    for (int a = 0; a < NW; ++a) widen_words<W>(w[a], wf[a]);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        dot[r] = 0.0f;
+        if constexpr (!ADD) {
+#pragma unroll
+            for (int a = 0; a < NW; ++a) dot[a][r] = 0.0f;
+        }
         if (uint64_t(r) < p.m) {
             const float4* x4 = reinterpret_cast<const float4*>(p.x + r * p.k + l0);
 #pragma unroll
             for (int q = 0; q < VEC / 4; ++q) {
                 const float4 xv = x4[q];
-                dot[r] += xv.x * wf[4 * q] + xv.y * wf[4 * q + 1] + xv.z * wf[4 * q + 2] + xv.w * wf[4 * q + 3];
+#pragma unroll
+                for (int a = 0; a < NW; ++a) {
+                    dot[a][r] += xv.x * wf[a][4 * q] + xv.y * wf[a][4 * q + 1] + xv.z * wf[a][4 * q + 2] +
+                                 xv.w * wf[a][4 * q + 3];
+                }
             }
         }
     }
+}
+
+// Whether the rows of p's shape in every one of `weights` (and x) can stream in 16-byte words.
+template <typename W, typename Scale, int NW>
+MW_DEV bool vector_path(const LinearParams& p, const void* const (&weights)[NW]) {
+    constexpr int VEC = 16 / sizeof(W);
+    bool vec = (p.k * sizeof(W)) % 16 == 0 && aligned16(p.x) && (!Scale::BLOCKS || p.block_cols % VEC == 0);
+#pragma unroll
+    for (int a = 0; a < NW; ++a) vec = vec && aligned16(weights[a]);
+    return vec;
+}
+
+// This lane's share of sum_l x[r][l] * W_real[j][l] for the R rows of x and row j of each of the NW
+// matrices `weights` of p's shape (x, m, k, block shape), with block scales `scales` applied
+// (per-tensor scales not): acc[a][r], to be reduced over the warp. `vec` from vector_path. The
+// whole GEMV algorithm of the header comment; gemv and gate_up_silu both run it.
+template <typename W, typename Scale, int R, int NW>
+MW_DEV void row_dots(const LinearParams& p, const void* const (&weights)[NW], const void* const (&scales)[NW],
+                     bool vec, uint64_t j, int lane, float (&acc)[NW][R]) {
+    constexpr int VEC = 16 / sizeof(W);
+    // GEMV_UNROLL words in flight per lane, whatever NW: as many bytes as gemv's one row.
+    constexpr int UNROLL = GEMV_UNROLL / NW;
+    static_assert(UNROLL >= 1 && GEMV_UNROLL % NW == 0, "GEMV_UNROLL loads shared by the matrices");
+    const uint64_t chunks = vec ? p.k / VEC : 0;
+    const W* w_rows[NW];
+#pragma unroll
+    for (int a = 0; a < NW; ++a) {
+        w_rows[a] = reinterpret_cast<const W*>(weights[a]) + j * p.k;
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[a][r] = 0.0f;
+    }
+    for (uint64_t c0 = lane; c0 < chunks; c0 += uint64_t(MW_WARP) * UNROLL) {
+        Words w_reg[UNROLL][NW];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const uint64_t c = c0 + uint64_t(u) * MW_WARP;
+            if (c < chunks) {
+#pragma unroll
+                for (int a = 0; a < NW; ++a) w_reg[u][a] = reinterpret_cast<const Words*>(w_rows[a])[c];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const uint64_t c = c0 + uint64_t(u) * MW_WARP;
+            if (c >= chunks) break;
+            if constexpr (Scale::BLOCKS) {
+                float dot[NW][R];
+                chunk_dots<W, R, NW>(w_reg[u], p, c * VEC, dot);
+#pragma unroll
+                for (int a = 0; a < NW; ++a) {
+                    const float s = Scale::at(p, scales[a], j, c * VEC);
+#pragma unroll
+                    for (int r = 0; r < R; ++r) acc[a][r] += dot[a][r] * s;
+                }
+            } else {
+                // Unscaled chunks go straight into the sums (no second set of NW x R registers).
+                chunk_dots<W, R, NW, true>(w_reg[u], p, c * VEC, acc);
+            }
+        }
+    }
+    // Scalar elements: all of them off the vector path, else the tail past the last chunk.
+    for (uint64_t l = chunks * VEC + lane; l < p.k; l += MW_WARP) {
+#pragma unroll
+        for (int a = 0; a < NW; ++a) {
+            float wl = mw::to_f32(w_rows[a][l]);
+            if constexpr (Scale::BLOCKS) wl *= Scale::at(p, scales[a], j, l);
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                if (uint64_t(r) < p.m) acc[a][r] += p.x[r * p.k + l] * wl;
+            }
+        }
+    }
+}
+
+// gemv: row_dots' algorithm for one matrix, kept in this form (chunk_dot, one word per load) because
+// it is the form ptxas allocates without spills for every instantiation (routing it through
+// row_dots<..., 1> spilled 8 to 32 bytes in the plain fp8 kernels on sm_80).
+template <typename W, int R>
+MW_DEV void chunk_dot(const Words& w, const LinearParams& p, uint64_t l0, float (&dot)[R]) {
+    const Words words[1] = {w};
+    float dots[1][R];
+    chunk_dots<W, R, 1>(words, p, l0, dots);
+#pragma unroll
+    for (int r = 0; r < R; ++r) dot[r] = dots[0][r];
 }
 
 template <typename W, typename Scale, int R>
@@ -110,21 +218,50 @@ MW_DEV void gemv(const LinearParams& p) {
     }
 }
 
+// p.gate carries the shape, x, the gate weight and scales, and out as its f32 y.
+template <typename W, typename Scale, int R>
+MW_DEV void gate_up_silu(const GateUpParams& p) {
+    const LinearParams& g = p.gate;
+    const void* const weights[2] = {g.weight, p.up};
+    const void* const scales[2] = {g.scales, p.up_scales};
+    const int lane = threadIdx.x % MW_WARP;
+    const uint64_t warps = uint64_t(gridDim.x) * GEMV_WARPS;
+    const bool vec = vector_path<W, Scale>(g, weights);
+    float* out = reinterpret_cast<float*>(g.y);
+    for (uint64_t j = uint64_t(blockIdx.x) * GEMV_WARPS + threadIdx.x / MW_WARP; j < g.n; j += warps) {
+        float acc[2][R];
+        row_dots<W, Scale, R>(g, weights, scales, vec, j, lane, acc);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const float gate = mw::warp_sum(acc[0][r]);
+            const float up = mw::warp_sum(acc[1][r]);
+            if (lane == 0 && uint64_t(r) < g.m) {
+                out[r * g.n + j] = Scale::BLOCKS ? mw::silu_times(gate, up)
+                                                 : mw::silu_times(gate * g.scale, up * p.up_scale);
+            }
+        }
+    }
+}
+
 }  // namespace mw_gemv
 
-#define MW_GEMV_ROWS(wname, W, Scale, sname)                                                         \
-    MW_KERNEL_BOUNDS(gemv_##wname##sname##_r1, LinearParams, mw_gemv::GEMV_THREADS) {                \
-        mw_gemv::gemv<W, Scale, 1>(p);                                                               \
+// Each kernel family (gemv, gate_up_silu) x row tile, for one weight dtype and scale kind.
+#define MW_GEMV_ROWS(family, Params, wname, W, Scale, sname)                                           \
+    MW_KERNEL_BOUNDS(family##_##wname##sname##_r1, Params, mw_gemv::GEMV_THREADS) {                  \
+        mw_gemv::family<W, Scale, 1>(p);                                                             \
     }                                                                                                \
-    MW_KERNEL_BOUNDS(gemv_##wname##sname##_r4, LinearParams, mw_gemv::GEMV_THREADS) {                \
-        mw_gemv::gemv<W, Scale, 4>(p);                                                               \
+    MW_KERNEL_BOUNDS(family##_##wname##sname##_r4, Params, mw_gemv::GEMV_THREADS) {                  \
+        mw_gemv::family<W, Scale, 4>(p);                                                             \
     }                                                                                                \
-    MW_KERNEL_BOUNDS(gemv_##wname##sname##_r16, LinearParams, mw_gemv::GEMV_THREADS) {               \
-        mw_gemv::gemv<W, Scale, 16>(p);                                                              \
+    MW_KERNEL_BOUNDS(family##_##wname##sname##_r16, Params, mw_gemv::GEMV_THREADS) {                 \
+        mw_gemv::family<W, Scale, 16>(p);                                                            \
     }
-#define MW_GEMV_PLAIN(wname, W, _) MW_GEMV_ROWS(wname, W, mw_linear::NoBlocks, )
-#define MW_GEMV_BLOCK_F32(wname, W, _) MW_GEMV_ROWS(wname, W, mw_linear::Blocks<float>, _block_f32)
-#define MW_GEMV_BLOCK_BF16(wname, W, _) MW_GEMV_ROWS(wname, W, mw_linear::Blocks<bf16>, _block_bf16)
+#define MW_GEMV_KINDS(wname, W, Scale, sname)                                                        \
+    MW_GEMV_ROWS(gemv, LinearParams, wname, W, Scale, sname)                                         \
+    MW_GEMV_ROWS(gate_up_silu, GateUpParams, wname, W, Scale, sname)
+#define MW_GEMV_PLAIN(wname, W, _) MW_GEMV_KINDS(wname, W, mw_linear::NoBlocks, )
+#define MW_GEMV_BLOCK_F32(wname, W, _) MW_GEMV_KINDS(wname, W, mw_linear::Blocks<float>, _block_f32)
+#define MW_GEMV_BLOCK_BF16(wname, W, _) MW_GEMV_KINDS(wname, W, mw_linear::Blocks<bf16>, _block_bf16)
 MW_LINEAR_FOR_EACH_WEIGHT(MW_GEMV_PLAIN, )
 MW_LINEAR_FOR_EACH_WEIGHT(MW_GEMV_BLOCK_F32, )
 MW_LINEAR_FOR_EACH_WEIGHT(MW_GEMV_BLOCK_BF16, )

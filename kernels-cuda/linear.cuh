@@ -54,9 +54,11 @@ template <typename S>
 struct Blocks {
     static constexpr bool BLOCKS = true;
     // scales[(j / block_rows) * ceil(k / block_cols) + l / block_cols]
-    MW_DEV static float at(const LinearParams& p, uint64_t j, uint64_t l) {
+    MW_DEV static float at(const LinearParams& p, uint64_t j, uint64_t l) { return at(p, p.scales, j, l); }
+    // The same over another scale grid of p's block shape (gate_up_silu's up scales).
+    MW_DEV static float at(const LinearParams& p, const void* scales, uint64_t j, uint64_t l) {
         const uint64_t grid_cols = (p.k + p.block_cols - 1) / p.block_cols;
-        const S* s = reinterpret_cast<const S*>(p.scales);
+        const S* s = reinterpret_cast<const S*>(scales);
         return mw::to_f32(s[(j / p.block_rows) * grid_cols + l / p.block_cols]);
     }
 };

@@ -5,7 +5,8 @@
 //! paths; CUDA-core GEMM), k multiples of 8 / 16 (the 16-byte vector paths; the tensor-core GEMM)
 //! with odd n, block scales of sizes that do and do not divide the 16-byte chunk or the GEMM's
 //! k tile, rows at fewer than allocated, and exact cases that need all of the tensor-core GEMM's
-//! bf16 parts of x and of f16 weights.
+//! bf16 parts of x and of f16 weights. Also `gate_up_silu`: the fused gate/up GEMV of `gemv.cu`
+//! (m <= 16) and its composed path above, against `cpu::Reference` over the same shapes.
 //!
 //! Runs on each emulated backend (`--features memwall/emulate`) and, ignored unless asked for, on
 //! a CUDA or ROCm device (`--features memwall/cuda` or `memwall/hip`, `-- --ignored`; `MEMWALL_REQUIRE_GPU=1` makes a missing
@@ -182,6 +183,36 @@ fn make_scale(
     }
 }
 
+/// The bound on |acc - exact| for one output of `linear` before y's rounding: acc the kernel's f32
+/// accumulation of the k terms x w s whose magnitudes sum to `abs` (and the |w s| to `abs_ws`),
+/// on the path case `c` takes (`tensor_cores`: gemm_tc.cu).
+fn accumulation_error(c: &Case, tensor_cores: bool, abs: f64, abs_ws: f64) -> f64 {
+    let k = c.k;
+    if tensor_cores {
+        // gemm_tc.cu (its contract): x = 3 bf16 parts within 2^-24 |x| (plus, should the
+        // hardware flush bf16 subnormal parts, 2^-126 per part: 2^-124 sum|w s|); weights
+        // exact in 1 (2 for f16) bf16 parts; N = 3 parts k products (6 k for f16) summed in
+        // f32 by the mma with unit error 2^-23 in any order: gamma'(N) sum|t|, sum|t| <=
+        // (1 + 2^-7)^2 sum|x w s|; then the scale: one multiply (plain) or, per k-block of
+        // min(bc, k) columns, a multiply and an add (ceil(k / bc) + 1 roundings of u, on
+        // values at most 1.01 sum|x w s|).
+        let parts = if c.weight == DType::F16 { 6 } else { 3 };
+        let scale_roundings = match c.scale {
+            ScaleKind::None | ScaleKind::PerTensor => 1,
+            ScaleKind::PerChannel | ScaleKind::PerChannelColumn => 2,
+            ScaleKind::Block(_, bc) => k.div_ceil(bc.min(k)) + 1,
+        };
+        return (1.0 + 2f64.powi(-7)).powi(2) * gamma_trunc(parts * k) * abs
+            + U32 * abs
+            + 2f64.powi(-124) * abs_ws
+            + 1.01 * gamma(scale_roundings) * abs;
+    }
+    // The other kernels accumulate in f32 from exactly widened x, w and s: each term meets at
+    // most k + 8 roundings (x * w, the scale multiply, the chunk / lane / warp-tree sums of the
+    // GEMV; x * w * s and k additions of the GEMM), so |acc - exact| <= gamma(k + 8) sum|x w s|.
+    gamma(k + 8) * abs
+}
+
 fn check<B: Backend>(b: &B, c: &Case) {
     let (m, n, k) = (c.m, c.n, c.k);
     let mut rng = Rng::new(c.seed);
@@ -207,36 +238,11 @@ fn check<B: Backend>(b: &B, c: &Case) {
                 abs += t.abs();
                 abs_ws += ws.abs();
             }
-            if tensor_cores {
-                // gemm_tc.cu (its contract): x = 3 bf16 parts within 2^-24 |x| (plus, should the
-                // hardware flush bf16 subnormal parts, 2^-126 per part: 2^-124 sum|w s|); weights
-                // exact in 1 (2 for f16) bf16 parts; N = 3 parts k products (6 k for f16) summed in
-                // f32 by the mma with unit error 2^-23 in any order: gamma'(N) sum|t|, sum|t| <=
-                // (1 + 2^-7)^2 sum|x w s|; then the scale: one multiply (plain) or, per k-block of
-                // min(bc, k) columns, a multiply and an add (ceil(k / bc) + 1 roundings of u, on
-                // values at most 1.01 sum|x w s|). y's rounding and the reference as below.
-                let parts = if c.weight == DType::F16 { 6 } else { 3 };
-                let scale_roundings = match c.scale {
-                    ScaleKind::None | ScaleKind::PerTensor => 1,
-                    ScaleKind::PerChannel | ScaleKind::PerChannelColumn => 2,
-                    ScaleKind::Block(_, bc) => k.div_ceil(bc.min(k)) + 1,
-                };
-                let acc = (1.0 + 2f64.powi(-7)).powi(2) * gamma_trunc(parts * k) * abs
-                    + U32 * abs
-                    + 2f64.powi(-124) * abs_ws
-                    + 1.01 * gamma(scale_roundings) * abs;
-                bound[i * n + j] =
-                    (1.0 + uo) * acc + gamma64(k + 1) * abs + (2.0 * uo + U32) * sum.abs() + 2.0 * eta;
-                continue;
-            }
-            // The kernels accumulate in f32 from exactly widened x, w and s: each term meets at
-            // most k + 8 roundings (x * w, the scale multiply, the chunk / lane / warp-tree sums
-            // of the GEMV; x * w * s and k additions of the GEMM), so |acc - exact| <= gamma(k + 8)
-            // sum|x w s|. The reference is f64 (gamma64(k + 1) sum|x w s|) rounded to y, possibly
-            // via f32 ((u_out + u) |exact| + eta); ours rounds acc to y (u_out |acc| + eta). So
-            // |got - want| <= (1 + u_out) gamma(k + 8) sum|x w s| + gamma64(k + 1) sum|x w s|
-            // + (2 u_out + u) |exact| + 2 eta.
-            bound[i * n + j] = (1.0 + uo) * gamma(k + 8) * abs
+            // |acc - exact| (the kernel's f32 sum) plus the f64 reference's own error; then y's
+            // rounding: the reference's f64 rounded to y, possibly via f32 ((u_out + u) |exact| +
+            // eta), ours acc rounded to y (u_out |acc| + eta). So |got - want| <= (1 + u_out)
+            // |acc - exact| + gamma64(k + 1) sum|x w s| + (2 u_out + u) |exact| + 2 eta.
+            bound[i * n + j] = (1.0 + uo) * accumulation_error(c, tensor_cores, abs, abs_ws)
                 + gamma64(k + 1) * abs
                 + (2.0 * uo + U32) * sum.abs()
                 + 2.0 * eta;
@@ -246,6 +252,114 @@ fn check<B: Backend>(b: &B, c: &Case) {
     let mut y = poisoned(b, c.y, &[m, n]);
     b.linear(&xg, &wg, &mut y).unwrap_or_else(|e| panic!("{} linear {c:?}: {e}", b.name()));
     assert_close(&format!("{} linear {c:?}", b.name()), &read_f32(b, &y), &want, &bound);
+}
+
+// ---------------------------------------------------------------------------------------------
+// gate_up_silu: the fused gate/up GEMV of gemv.cu (m <= 16), composed from linear + silu_mul above
+
+/// `(sum, sum|t|, sum|w s|)` of the terms `t = x[l] w[l] s[l]` of one dot product, in f64 (exact
+/// products of f32 values; the sums within gamma64(k) of exact, counted in the bounds).
+fn dot_terms(x: &[f32], w: &[f32], s: &[f64]) -> (f64, f64, f64) {
+    let (mut sum, mut abs, mut abs_ws) = (0f64, 0f64, 0f64);
+    for ((&x, &w), &s) in x.iter().zip(w).zip(s) {
+        let ws = w as f64 * s;
+        let t = x as f64 * ws;
+        sum += t;
+        abs += t.abs();
+        abs_ws += ws.abs();
+    }
+    (sum, abs, abs_ws)
+}
+
+/// `gate_up_silu` of case `c` (its `y` is ignored: out is f32) on `b` against `cpu::Reference`:
+/// gate and up of the same dtype and scale kind, with their own random values and scales.
+fn check_gate_up<B: Backend>(b: &B, c: &Case) {
+    let (m, n, k) = (c.m, c.n, c.k);
+    let mut rng = Rng::new(c.seed);
+    let (x, xv) = random_tensor(&REF, &mut rng, c.x, &[m, k]);
+    let mut weight = || {
+        let (w, _) = random_tensor(&REF, &mut rng, c.weight, &[n, k]);
+        let (scale, sv) = make_scale(&mut rng, c.scale, c.scale_dtype, n, k);
+        (read_f32(&REF, &w), sv, Linear { weight: w, scale })
+    };
+    let (gwv, gsv, gate) = weight();
+    let (uwv, usv, up) = weight();
+    let scratch = || (poisoned(&REF, DType::F32, &[m, n]), poisoned(&REF, DType::F32, &[m, n]));
+    let (mut s0, mut s1) = scratch();
+    let mut out_ref = poisoned(&REF, DType::F32, &[m, n]);
+    REF.gate_up_silu(&x, &gate, &up, (&mut s0, &mut s1), &mut out_ref)
+        .unwrap_or_else(|e| panic!("reference gate_up_silu {c:?}: {e}"));
+    let want = read_f32(&REF, &out_ref);
+
+    let tensor_cores = path(c) == Some(GemmPath::TensorCore);
+    let mut bound = vec![0f64; m * n];
+    for i in 0..m {
+        let x_row = &xv[i * k..(i + 1) * k];
+        for j in 0..n {
+            let (g, g_abs, g_ws) = dot_terms(x_row, &gwv[j * k..(j + 1) * k], &gsv[j * k..(j + 1) * k]);
+            let (u, u_abs, u_ws) = dot_terms(x_row, &uwv[j * k..(j + 1) * k], &usv[j * k..(j + 1) * k]);
+            // The backend's g and u: each within its accumulation error of exact (as `linear`'s),
+            // plus, where the op is composed, the rounding of the product to f32 in the scratch
+            // (u |acc| <= u (|exact| + err)).
+            let err = |abs: f64, abs_ws: f64, exact: f64| {
+                let e = accumulation_error(c, tensor_cores, abs, abs_ws);
+                (1.0 + U32) * e + U32 * exact.abs()
+            };
+            let (e_g, e_u) = (err(g_abs, g_ws, g), err(u_abs, u_ws, u));
+            let silu = g / (1.0 + (-g).exp());
+            // |silu'| <= 1.1 everywhere (its maximum is 1.0998 near g = 2.4), so the backend's
+            // silu(g~) is within 1.1 e_g of silu(g), and |silu(g~) u~ - silu(g) u| <= 1.1 e_g |u~|
+            // + |silu(g)| e_u with |u~| <= |u| + e_u. Its f32 evaluation of silu(g~) * u~ (expf
+            // within 4 ulps: 8u; 1 + e, the division and the product: 3u; as silu_mul's bound)
+            // adds 12u |silu(g~) u~|.
+            let (s_max, u_max) = (silu.abs() + 1.1 * e_g, u.abs() + e_u);
+            let backend = 1.1 * e_g * u_max + silu.abs() * e_u + 12.0 * U32 * s_max * u_max;
+            // The reference: g and u in f64 (gamma64(k + 1) of their sum|t| each, through silu as
+            // above), silu and the product in f64 (16 f64 ulps), rounded to f32 (u |out|, and
+            // half a subnormal spacing eta for each of the two roundings to f32).
+            let out = silu * u;
+            let reference = 1.1 * gamma64(k + 1) * g_abs * u_max
+                + silu.abs() * gamma64(k + 1) * u_abs
+                + (U32 + 16.0 * U64) * out.abs();
+            bound[i * n + j] = backend + reference + 2.0 * underflow_abs(DType::F32);
+        }
+    }
+    let xg = gpu::to_backend(b, &x);
+    let (gg, ug) = (linear_to_backend(b, &gate), linear_to_backend(b, &up));
+    let (mut s0, mut s1) = (poisoned(b, DType::F32, &[m, n]), poisoned(b, DType::F32, &[m, n]));
+    let mut out = poisoned(b, DType::F32, &[m, n]);
+    b.gate_up_silu(&xg, &gg, &ug, (&mut s0, &mut s1), &mut out)
+        .unwrap_or_else(|e| panic!("{} gate_up_silu {c:?}: {e}", b.name()));
+    assert_close(&format!("{} gate_up_silu {c:?}", b.name()), &read_f32(b, &out), &want, &bound);
+}
+
+/// Fused rows (every row tile and the counts between) and a few composed ones (the GEMM tails).
+fn gate_up_cases<B: Backend>(b: &B, who: &str, fused: u32, composed: u32) {
+    let f32_out = |c: Case| Case { y: DType::F32, ..c };
+    run_cases(who, fused, case(GEMV_ROWS.to_vec()).prop_map(f32_out), |c| check_gate_up(b, &c));
+    run_cases(who, composed, case(vec![17, 31]).prop_map(f32_out), |c| check_gate_up(b, &c));
+}
+
+/// Every weight dtype and scale kind of the fused kernel once on its vector path (k = 128) and its
+/// scalar path (k = 17), at 1, 3 and 16 rows (each row tile), x f32 or bf16.
+fn gate_up_every_instantiation<B: Backend>(b: &B) {
+    let mut seed = 0x6a7e_0001u64;
+    for weight in DType::FLOATS {
+        for (scale, scale_dtype) in [
+            (ScaleKind::None, DType::F32),
+            (ScaleKind::PerTensor, DType::F32),
+            (ScaleKind::PerChannel, DType::BF16),
+            (ScaleKind::Block(128, 128), DType::F32),
+            (ScaleKind::Block(3, 5), DType::BF16),
+        ] {
+            for (m, k) in [(1, 128), (3, 17), (16, 128)] {
+                seed += 1;
+                let x = if seed.is_multiple_of(2) { DType::F32 } else { DType::BF16 };
+                let c = Case { m, n: 19, k, weight, scale, scale_dtype, x, y: DType::F32, seed };
+                check_gate_up(b, &c);
+            }
+        }
+    }
 }
 
 /// GEMV rows (every row tile and the in-between counts) and GEMM rows (tails of the 64-row tiles
@@ -451,6 +565,19 @@ mod emulated {
             exact_parts(&b);
         }
     }
+
+    #[test]
+    fn gate_up_silu_matches_reference() {
+        for (name, b) in gpu::emulated() {
+            gate_up_cases(&b, &name, EMU_CASES / 2, 3);
+        }
+    }
+
+    #[test]
+    fn gate_up_silu_every_weight_dtype_and_scale_kind() {
+        let (_, b) = gpu::emulated().swap_remove(2);
+        gate_up_every_instantiation(&b);
+    }
 }
 
 device_tests! {
@@ -479,5 +606,13 @@ device_tests! {
 
     fn tensor_core_gemm_uses_every_part(b, who) {
         exact_parts(&b);
+    }
+
+    fn gate_up_silu_matches_reference(b, who) {
+        gate_up_cases(&b, who, CASES, CASES / 4);
+    }
+
+    fn gate_up_silu_every_weight_dtype_and_scale_kind(b, who) {
+        gate_up_every_instantiation(&b);
     }
 }

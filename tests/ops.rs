@@ -253,6 +253,124 @@ proptest! {
 }
 
 // ---------------------------------------------------------------------------------------------
+// gate_up_silu
+
+/// `gate_up_silu` of a `linear`-like case (its `y` ignored: out is f32): gate and up of the same
+/// dtype and scale kind, each with its own random values and scales. Rows 1..16 and above.
+fn run_gate_up(c: &LinearCase) {
+    let r = &*REF;
+    let (m, n, k) = (c.m, c.n, c.k);
+    let mut rng = Rng::new(c.seed);
+    let (x, xv) = random_tensor(r, &mut rng, c.x, &[m, k]);
+    let mut weight = || {
+        let (w, wv) = random_tensor(r, &mut rng, c.weight, &[n, k]);
+        let (scale, sv) = make_scale(&mut rng, c.scale, c.scale_dtype, n, k);
+        let w_real: Vec<f64> = wv.iter().zip(&sv).map(|(&w, &s)| w as f64 * s).collect();
+        (w_real, Linear { weight: w, scale })
+    };
+    let (gw, gate) = weight();
+    let (uw, up) = weight();
+    let scratch = || (poisoned(r, DType::F32, &[m, n]), poisoned(r, DType::F32, &[m, n]));
+    let (mut s0, mut s1) = scratch();
+    let mut out_ref = poisoned(r, DType::F32, &[m, n]);
+    REF.gate_up_silu(&x, &gate, &up, (&mut s0, &mut s1), &mut out_ref)
+        .unwrap_or_else(|e| panic!("reference gate_up_silu {c:?}: {e}"));
+    let want = read_f32(r, &out_ref);
+
+    let eta = underflow_abs(DType::F32);
+    let mut exact = vec![0f32; m * n];
+    let mut bound_ref = vec![0f64; m * n];
+    let mut bound_fast = vec![0f64; m * n];
+    for i in 0..m {
+        let x_row = &xv[i * k..(i + 1) * k];
+        let dot = |w: &[f64]| {
+            let (mut sum, mut abs) = (0f64, 0f64);
+            for (&x, &w) in x_row.iter().zip(w) {
+                sum += x as f64 * w;
+                abs += (x as f64 * w).abs();
+            }
+            (sum, abs)
+        };
+        for j in 0..n {
+            let (g, g_abs) = dot(&gw[j * k..(j + 1) * k]);
+            let (u, u_abs) = dot(&uw[j * k..(j + 1) * k]);
+            let silu = g / (1.0 + (-g).exp());
+            let out = silu * u;
+            let o = i * n + j;
+            exact[o] = out as f32;
+            // An error e_g in g moves silu(g) by at most 1.1 e_g (|silu'| <= 1.0998), an error
+            // e_u in u moves the product by |silu(g)| e_u; with |u~| <= |u| + e_u:
+            // |silu(g~) u~ - silu(g) u| <= 1.1 e_g (|u| + e_u) + |silu(g)| e_u.
+            let through = |e_g: f64, e_u: f64| 1.1 * e_g * (u.abs() + e_u) + silu.abs() * e_u;
+            // Reference vs our f64 value: g and u both accumulate in f64 here and there
+            // (2 gamma64(k + 1) of their sum|t| apart), silu and the product in f64 (16 f64 ulps
+            // each side), then the reference rounds to f32 (u |out| + eta) and we round (u |out|).
+            let e64 = |abs: f64| 2.0 * gamma64(k + 1) * abs;
+            bound_ref[o] = through(e64(g_abs), e64(u_abs)) + (2.0 * U32 + 32.0 * U64) * out.abs() + eta;
+            // Fast composes linear (f32: within gamma(k + 1) sum|t|, as linear's bound, then rounded
+            // to f32 in the scratch: u (|g| + that)) and silu_mul (f32 silu(g~) * u~ within 12u of
+            // itself, as silu_mul's bound). The reference is within its f64 error and its f32
+            // rounding (u |out| + eta) of the exact value.
+            let e32 = |abs: f64, v: f64| (1.0 + U32) * gamma(k + 1) * abs + U32 * v.abs();
+            let (e_g, e_u) = (e32(g_abs, g), e32(u_abs, u));
+            let evaluated = 12.0 * U32 * (silu.abs() + 1.1 * e_g) * (u.abs() + e_u);
+            bound_fast[o] = through(e_g, e_u)
+                + evaluated
+                + through(e64(g_abs) / 2.0, e64(u_abs) / 2.0)
+                + (U32 + 16.0 * U64) * out.abs()
+                + 2.0 * eta;
+        }
+    }
+    assert_close(&format!("gate_up_silu reference vs f64 definition {c:?}"), &want, &exact, &bound_ref);
+    for (name, f) in fasts() {
+        let (mut s0, mut s1) = scratch();
+        let mut out = poisoned(r, DType::F32, &[m, n]);
+        f.gate_up_silu(&x, &gate, &up, (&mut s0, &mut s1), &mut out)
+            .unwrap_or_else(|e| panic!("fast {name} gate_up_silu {c:?}: {e}"));
+        let what = format!("gate_up_silu fast {name} vs reference {c:?}");
+        assert_close(&what, &read_f32(r, &out), &want, &bound_fast);
+    }
+}
+
+/// Decode rows (1..16) and prefill rows above.
+const GATE_UP_ROWS: [usize; 6] = [1, 3, 5, 16, 17, 33];
+
+fn gate_up_case(ks: Vec<usize>) -> impl Strategy<Value = LinearCase> {
+    (linear_case(ks), select(GATE_UP_ROWS.to_vec())).prop_map(|(c, m)| LinearCase { m, y: DType::F32, ..c })
+}
+
+#[test]
+fn gate_up_silu_every_weight_dtype_and_scale_kind() {
+    let mut seed = 0x6a7e;
+    for weight in DType::FLOATS {
+        for scale in SCALE_KINDS {
+            for x in DType::ACTIVATIONS {
+                seed += 1;
+                let scale_dtype = if seed % 2 == 0 { DType::F32 } else { DType::BF16 };
+                let y = DType::F32;
+                run_gate_up(&LinearCase { m: 3, n: 33, k: 130, weight, x, y, scale, scale_dtype, seed });
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(config(48))]
+    #[test]
+    fn gate_up_silu_matches_reference(c in gate_up_case(K_SIZES.to_vec())) {
+        run_gate_up(&c);
+    }
+}
+
+proptest! {
+    #![proptest_config(config(8))]
+    #[test]
+    fn gate_up_silu_matches_reference_k4097(c in gate_up_case(vec![4097])) {
+        run_gate_up(&c);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // rms_norm
 
 proptest! {

@@ -40,6 +40,7 @@ on_both_backends!(
     read_only_and_misaligned_mappings,
     mapped_weights_are_read_in_place,
     linear_errors,
+    gate_up_silu_errors,
     rms_norm_errors,
     rope_errors,
     elementwise_errors,
@@ -476,6 +477,156 @@ fn linear_errors(b: &impl HostBackend) {
         b.linear(&x, &good, &mut z(b, DType::BF16, &[m, n - 1])),
         shape(op, "y", &[m, n - 1], &format!("[{m}, {n}]")),
     );
+}
+
+/// gate_up_silu: each weight checked as linear's (named `w_gate` / `gate_scale` and `w_up` /
+/// `up_scale`), then the pair (same shape, dtype and scaling), x, the scratch and out.
+fn gate_up_silu_errors(b: &impl HostBackend) {
+    let op = "gate_up_silu";
+    let (m, n, k) = (2, 5, 7);
+    let x = z(b, DType::F32, &[m, k]);
+    let w = |dt: DType, shape: &[usize]| Linear::plain(z(b, dt, shape));
+    let with = |dt: DType, scale: WeightScale<HostStorage>| Linear { weight: z(b, dt, &[n, k]), scale };
+    let good = w(DType::BF16, &[n, k]);
+    let f = |shape: &[usize]| z(b, DType::F32, shape);
+    let (mut g, mut u, mut out) = (f(&[m, n]), f(&[m, n]), f(&[m, n]));
+    let mut call = |x: &HostTensor, gate: &Linear<HostStorage>, up: &Linear<HostStorage>| {
+        b.gate_up_silu(x, gate, up, (&mut g, &mut u), &mut out)
+    };
+    // Each weight, as linear's, under its own name.
+    expect(
+        b,
+        "u32 gate",
+        call(&x, &w(DType::U32, &[n, k]), &good),
+        dtype(op, "w_gate", DType::U32, &DType::FLOATS),
+    );
+    expect(b, "rank-1 up", call(&x, &good, &w(DType::BF16, &[n])), shape(op, "w_up", &[n], "[_, _]"));
+    expect(
+        b,
+        "empty up",
+        call(&x, &good, &w(DType::BF16, &[n, 0])),
+        shape(op, "w_up", &[n, 0], "no zero-sized dimension"),
+    );
+    expect(
+        b,
+        "f16 gate scale",
+        call(&x, &with(DType::BF16, WeightScale::PerChannel(z(b, DType::F16, &[n]))), &good),
+        dtype(op, "gate_scale", DType::F16, SCALES),
+    );
+    expect(
+        b,
+        "up scale shape",
+        call(&x, &good, &with(DType::BF16, WeightScale::PerChannel(z(b, DType::F32, &[n + 1])))),
+        shape(op, "up_scale", &[n + 1], &format!("[{n}] or [{n}, 1]")),
+    );
+    expect(
+        b,
+        "non-finite up scale",
+        call(
+            &x,
+            &with(DType::BF16, WeightScale::PerTensor(1.0)),
+            &with(DType::BF16, WeightScale::PerTensor(f32::NAN)),
+        ),
+        argument(op, "per-tensor scale NaN is not finite"),
+    );
+    // The pair: same shape, dtype and scaling.
+    expect(
+        b,
+        "up of another n",
+        call(&x, &good, &w(DType::BF16, &[n + 1, k])),
+        shape(op, "w_up", &[n + 1, k], &format!("[{n}, {k}] (as w_gate)")),
+    );
+    expect(
+        b,
+        "up of another k",
+        call(&x, &good, &w(DType::BF16, &[n, k + 1])),
+        shape(op, "w_up", &[n, k + 1], &format!("[{n}, {k}] (as w_gate)")),
+    );
+    expect(
+        b,
+        "up of another dtype",
+        call(&x, &good, &w(DType::F16, &[n, k])),
+        dtype(op, "w_up", DType::F16, &[DType::BF16]),
+    );
+    let mismatch = |got: &str, expected: &str| Error::ScaleMismatch {
+        op,
+        tensor: "w_up",
+        got: got.into(),
+        like: "w_gate",
+        expected: expected.into(),
+    };
+    let per_tensor = || WeightScale::PerTensor(0.5);
+    let channel = |dt: DType| WeightScale::PerChannel(z(b, dt, &[n]));
+    let blocks = |br: usize, bc: usize, dt: DType| WeightScale::Block {
+        block_rows: br,
+        block_cols: bc,
+        scales: z(b, dt, &[n.div_ceil(br), k.div_ceil(bc)]),
+    };
+    let fp8 = |s: WeightScale<HostStorage>| with(DType::F8E4M3Fn, s);
+    for (gate, up, want) in [
+        (fp8(WeightScale::None), fp8(per_tensor()), mismatch("per tensor", "unscaled")),
+        (fp8(per_tensor()), fp8(channel(DType::F32)), mismatch("per channel (f32)", "per tensor")),
+        (
+            fp8(channel(DType::F32)),
+            fp8(channel(DType::BF16)),
+            mismatch("per channel (bf16)", "per channel (f32)"),
+        ),
+        (
+            fp8(blocks(2, 3, DType::F32)),
+            fp8(blocks(2, 4, DType::F32)),
+            mismatch("in 2x4 blocks (f32)", "in 2x3 blocks (f32)"),
+        ),
+        (
+            fp8(blocks(2, 3, DType::F32)),
+            fp8(blocks(2, 3, DType::BF16)),
+            mismatch("in 2x3 blocks (bf16)", "in 2x3 blocks (f32)"),
+        ),
+        (
+            fp8(channel(DType::F32)),
+            fp8(blocks(1, k, DType::F32)),
+            mismatch(&format!("in 1x{k} blocks (f32)"), "per channel (f32)"),
+        ),
+    ] {
+        expect(b, "scaled unlike", call(&x, &gate, &up), want);
+    }
+    // Alike is fine: per-tensor scales of other values; [n] and [n, 1] per-channel scales.
+    call(&x, &fp8(WeightScale::PerTensor(0.25)), &fp8(per_tensor())).expect("per-tensor scales");
+    call(&x, &fp8(channel(DType::BF16)), &fp8(WeightScale::PerChannel(z(b, DType::BF16, &[n, 1]))))
+        .expect("[n] and [n, 1] scales");
+    // x.
+    expect(
+        b,
+        "fp8 x",
+        call(&z(b, DType::F8E4M3Fn, &[m, k]), &good, &good),
+        dtype(op, "x", DType::F8E4M3Fn, &DType::ACTIVATIONS),
+    );
+    expect(
+        b,
+        "x with the wrong k",
+        call(&z(b, DType::F32, &[m, k + 1]), &good, &good),
+        shape(op, "x", &[m, k + 1], &format!("[_, {k}]")),
+    );
+    expect(
+        b,
+        "empty x",
+        call(&z(b, DType::F32, &[0, k]), &good, &good),
+        shape(op, "x", &[0, k], "no zero-sized dimension"),
+    );
+    // The scratch and out: f32 [m, n] each.
+    let mn = format!("[{m}, {n}]");
+    for (name, which) in [("gate", 0), ("up", 1), ("out", 2)] {
+        for (bad, want) in [
+            (z(b, DType::BF16, &[m, n]), dtype(op, name, DType::BF16, F32)),
+            (f(&[m + 1, n]), shape(op, name, &[m + 1, n], &mn)),
+            (f(&[m, n - 1]), shape(op, name, &[m, n - 1], &mn)),
+            (f(&[m * n]), shape(op, name, &[m * n], &mn)),
+        ] {
+            let mut t = [f(&[m, n]), f(&[m, n]), f(&[m, n])];
+            t[which] = bad;
+            let [mut g, mut u, mut o] = t;
+            expect(b, "scratch or out", b.gate_up_silu(&x, &good, &good, (&mut g, &mut u), &mut o), want);
+        }
+    }
 }
 
 fn rms_norm_errors(b: &impl HostBackend) {

@@ -37,3 +37,18 @@ struct WidenParams {
     uint64_t n;
 };
 MW_LAYOUT(WidenParams, out, x, n)
+
+/* gate_up_silu_<w>[_block_<s>]_r<R>: out[i][j] = silu(g) * u, g = sum_l x[i][l] * Gate_real[j][l],
+ * u = sum_l x[i][l] * Up_real[j][l], i < m, j < n, l < k; silu(g) = g / (1 + exp(-g)).
+ * `gate` is the LinearParams of the gate projection (x f32 [m, k], widened first as for linear;
+ * weight [n, k] of dtype <w>; its scale; y = out, f32 [m, n], y_dtype MW_Y_F32); the up weight
+ * [n, k] is `up`, of the same dtype and scaled alike: plain kernels multiply its sums by
+ * `up_scale`, _block_<s> kernels read `up_scales` in gate's blocks (block_rows x block_cols). */
+struct GateUpParams {
+    struct LinearParams gate;
+    const void* up;
+    const void* up_scales;
+    float up_scale;
+    uint32_t pad;
+};
+MW_LAYOUT(GateUpParams, gate, up, up_scales, up_scale, pad)

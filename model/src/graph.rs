@@ -12,7 +12,8 @@
 //! rope(Q), rope(K);  kv_store(K, V -> cache[l]);  Attn = attention(Q, cache[l])
 //! Proj = Attn . Wo^T;  Hidden += Proj
 //! Normed = rms_norm(Hidden, mlp_norm[l])
-//! dense:   Proj = (silu(Normed . Wgate^T) * (Normed . Wup^T)) . Wdown^T
+//! dense:   Act = gate_up_silu(Normed, Wgate, Wup) = silu(Normed . Wgate^T) * (Normed . Wup^T)
+//!          Proj = Act . Wdown^T
 //! mixtral: RouterIds, RouterWeights = router_topk(Normed . Wrouter^T);
 //!          Proj = sum over picked experts of weight * expert(Normed)   (Experts op)
 //! Hidden += Proj
@@ -47,9 +48,10 @@ pub enum Buf {
     Attn,
     /// f32 `[R, hidden]`: output of o_proj and of the MLP.
     Proj,
-    /// f32 `[R, intermediate]` (dense models).
+    /// f32 `[R, intermediate]` (dense models): scratch of `GateUpSilu` (the gate product where the
+    /// backend composes the op).
     Gate,
-    /// f32 `[R, intermediate]` (dense models).
+    /// f32 `[R, intermediate]` (dense models): scratch of `GateUpSilu` (the up product).
     Up,
     /// f32 `[R, intermediate]` (dense models).
     Act,
@@ -152,6 +154,10 @@ pub enum Op {
     Attention { layer: usize },
     /// `out = silu(gate) * up`.
     SiluMul { gate: Buf, up: Buf, out: Buf },
+    /// `out = silu(x . W_gate^T) * (x . W_up^T)`, one op (the backend's `gate_up_silu`: on a GPU
+    /// one pass over both weights for decode rows); `scratch` holds the two products where the
+    /// backend composes it from `linear` and `silu_mul`.
+    GateUpSilu { x: Buf, gate: MatRef, up: MatRef, scratch: (Buf, Buf), out: Buf },
     /// `x += y`.
     AddAssign { x: Buf, y: Buf },
     /// Router softmax in f32 over all experts, top-k, renormalised.
@@ -192,9 +198,13 @@ impl Graph {
             ]);
             match c.moe {
                 None => body.extend([
-                    Op::Linear { x: Buf::Normed, w: MatRef::Gate(l), y: Buf::Gate },
-                    Op::Linear { x: Buf::Normed, w: MatRef::Up(l), y: Buf::Up },
-                    Op::SiluMul { gate: Buf::Gate, up: Buf::Up, out: Buf::Act },
+                    Op::GateUpSilu {
+                        x: Buf::Normed,
+                        gate: MatRef::Gate(l),
+                        up: MatRef::Up(l),
+                        scratch: (Buf::Gate, Buf::Up),
+                        out: Buf::Act,
+                    },
                     Op::Linear { x: Buf::Act, w: MatRef::Down(l), y: Buf::Proj },
                 ]),
                 Some(moe) => body.extend([
@@ -277,6 +287,7 @@ impl Op {
             Op::KvStore { .. } => "kv_store",
             Op::Attention { .. } => "attention",
             Op::SiluMul { .. } => "silu_mul",
+            Op::GateUpSilu { .. } => "gate_up_silu",
             Op::AddAssign { .. } => "add_assign",
             Op::RouterTopk { .. } => "router_topk",
             Op::Experts { .. } => "experts",
@@ -297,6 +308,9 @@ impl std::fmt::Display for Op {
             Op::KvStore { layer } => write!(f, "{n} K, V -> cache[{layer}] at Slots, Positions"),
             Op::Attention { layer } => write!(f, "{n} Q over cache[{layer}] -> Attn"),
             Op::SiluMul { gate, up, out } => write!(f, "{n} silu({gate:?}) * {up:?} -> {out:?}"),
+            Op::GateUpSilu { x, gate, up, out, .. } => {
+                write!(f, "{n} silu({x:?} . {gate:?}) * ({x:?} . {up:?}) -> {out:?}")
+            }
             Op::AddAssign { x, y } => write!(f, "{n} {x:?} += {y:?}"),
             Op::RouterTopk { logits, k, ids, weights } => {
                 write!(f, "{n} top-{k} of {logits:?} -> {ids:?}, {weights:?}")

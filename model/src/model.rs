@@ -180,6 +180,18 @@ impl<B: Backend> Model<B> {
                 let n = rows * c.intermediate_size as u64;
                 OpCost { bytes_read: 2 * n * f32b, flops: 6 * n }
             }
+            Op::GateUpSilu { gate, up, .. } => match (self.matrix(*gate), self.matrix(*up)) {
+                // Both weights and their scales once, x once (in gate's `read`), as the fused
+                // kernel reads them (`cost::gate_up_silu_traffic`); the products never reach memory.
+                (Ok(g), Ok(u)) => {
+                    let (n, k) = (g.weight.shape()[0] as u64, g.weight.shape()[1] as u64);
+                    OpCost {
+                        bytes_read: traffic(g, rows).read() + linear_bytes(u),
+                        flops: 4 * rows * n * k + 6 * rows * n,
+                    }
+                }
+                _ => OpCost::default(),
+            },
             Op::AddAssign { .. } => OpCost { bytes_read: 2 * rows * h * f32b, flops: rows * h },
             Op::RouterTopk { .. } => {
                 let e = c.experts().0 as u64;

@@ -800,6 +800,20 @@ impl<'m, B: Backend> Session<'m, B> {
                 ws.put(*out, o);
                 r?;
             }
+            Op::GateUpSilu { x, gate, up, scratch, out } => {
+                let (mut g, mut u, mut o) = (ws.take(scratch.0)?, ws.take(scratch.1)?, ws.take(*out)?);
+                let r = b.gate_up_silu(
+                    ws.get(*x)?,
+                    model.matrix(*gate)?,
+                    model.matrix(*up)?,
+                    (&mut g, &mut u),
+                    &mut o,
+                );
+                ws.put(scratch.0, g);
+                ws.put(scratch.1, u);
+                ws.put(*out, o);
+                r?;
+            }
             Op::AddAssign { x, y } => {
                 let mut o = ws.take(*x)?;
                 let r = b.add_assign(&mut o, ws.get(*y)?);
@@ -1066,9 +1080,13 @@ fn run_experts<B: Backend>(
         b.write(&mut bucket.idx, bytemuck::cast_slice(&idx))?;
         b.write(&mut bucket.weights, bytemuck::cast_slice(&wts))?;
         b.gather_rows(src, &bucket.idx, &mut bucket.x)?;
-        b.linear(&bucket.x, &expert.gate, &mut bucket.gate)?;
-        b.linear(&bucket.x, &expert.up, &mut bucket.up)?;
-        b.silu_mul(&bucket.gate, &bucket.up, &mut bucket.act)?;
+        b.gate_up_silu(
+            &bucket.x,
+            &expert.gate,
+            &expert.up,
+            (&mut bucket.gate, &mut bucket.up),
+            &mut bucket.act,
+        )?;
         b.linear(&bucket.act, &expert.down, &mut bucket.out)?;
         b.scatter_add_rows(dst, &bucket.idx, &bucket.out, &bucket.weights)?;
     }

@@ -37,8 +37,7 @@ fn decode_step_bytes_equal_a_hand_count() {
         + linear(h, q_dim)
         + 2 * h * f32b             // residual add
         + norm
-        + 2 * linear(i, h)         // gate, up
-        + 2 * i * f32b             // silu * up
+        + (2 * i * h * bf16 + h * f32b) // gate_up_silu: gate and up, and the input row once
         + linear(h, i)             // down
         + 2 * h * f32b; // residual add
     let hand = (h * bf16 + 4)      // one embedding row and its id

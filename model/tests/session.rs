@@ -132,25 +132,29 @@ fn op_list_accounts_weights_once_per_decode_step() {
     let mut linear_bytes = 0u64;
     let mut linear_flops = 0u64;
     for op in m.graph.step_ops(false) {
-        if let Op::Linear { .. } = op {
+        if let Op::Linear { .. } | Op::GateUpSilu { .. } = op {
             let cost = m.op_cost(op, &shape, DType::F32);
             linear_bytes += cost.bytes_read;
             linear_flops += cost.flops;
         }
     }
-    // Every matrix but the embedding is read once (bf16), plus its f32 input row.
+    // Every matrix but the embedding is read once (bf16), plus its f32 input row (once for gate
+    // and up together); the SiLU product is 6 FLOPs per intermediate element.
     let p = c.param_counts();
     let matrices = p.total() - p.embedding - p.final_norm - p.layers * p.norms;
     let inputs: u64 = m
         .graph
         .step_ops(false)
         .filter_map(|op| match op {
-            Op::Linear { w, .. } => Some(m.matrix(*w).unwrap().weight.shape()[1] as u64 * 4),
+            Op::Linear { w, .. } | Op::GateUpSilu { gate: w, .. } => {
+                Some(m.matrix(*w).unwrap().weight.shape()[1] as u64 * 4)
+            }
             _ => None,
         })
         .sum();
     assert_eq!(linear_bytes, 2 * matrices + inputs);
-    assert_eq!(linear_flops, 2 * matrices);
+    let silu = 6 * (c.num_layers * c.intermediate_size) as u64;
+    assert_eq!(linear_flops, 2 * matrices + silu);
     // Attention reads K and V at the 10 live positions, not the allocated cache.
     let attn = m.graph.body.iter().find(|o| matches!(o, Op::Attention { .. })).unwrap();
     let kv = 2 * 10 * c.kv_dim() as u64 * 4;

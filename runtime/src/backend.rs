@@ -82,6 +82,19 @@ pub trait Backend: Send + Sync {
         up: &Tensor<Self::Storage>,
         out: &mut Tensor<Self::Storage>,
     ) -> Result<()>;
+    /// `gate_up_silu` (see [`Backend::gate_up_silu`]); by default [`gate_up_silu_composed`]:
+    /// two `exec_linear` into the scratch, then `exec_silu_mul`.
+    fn exec_gate_up_silu(
+        &self,
+        d: LinearDims,
+        x: &Tensor<Self::Storage>,
+        w_gate: &Linear<Self::Storage>,
+        w_up: &Linear<Self::Storage>,
+        scratch: (&mut Tensor<Self::Storage>, &mut Tensor<Self::Storage>),
+        out: &mut Tensor<Self::Storage>,
+    ) -> Result<()> {
+        gate_up_silu_composed(self, d, x, w_gate, w_up, scratch, out)
+    }
     fn exec_add_assign(
         &self,
         d: RowsDims,
@@ -262,6 +275,23 @@ pub trait Backend: Send + Sync {
         self.exec_silu_mul(d, gate, up, out)
     }
 
+    /// `out = silu(x . W_gate^T) * (x . W_up^T)`: the gate and up projections of an MLP and their
+    /// SiLU product in one op (`ops::check_gate_up_silu`), so a backend can read x and both
+    /// weights in one pass. `scratch` (f32 `[m, n]` each) is where a backend that composes the op
+    /// from `linear` and `silu_mul` puts the two products (the workspace stays allocated once);
+    /// what it holds afterwards is unspecified.
+    fn gate_up_silu(
+        &self,
+        x: &Tensor<Self::Storage>,
+        w_gate: &Linear<Self::Storage>,
+        w_up: &Linear<Self::Storage>,
+        scratch: (&mut Tensor<Self::Storage>, &mut Tensor<Self::Storage>),
+        out: &mut Tensor<Self::Storage>,
+    ) -> Result<()> {
+        let d = ops::check_gate_up_silu(x, w_gate, w_up, (&*scratch.0, &*scratch.1), out)?;
+        self.exec_gate_up_silu(d, x, w_gate, w_up, scratch, out)
+    }
+
     /// `x += y` (the residual connection).
     fn add_assign(&self, x: &mut Tensor<Self::Storage>, y: &Tensor<Self::Storage>) -> Result<()> {
         let d = ops::check_same_f32("add_assign", &[("x", x), ("y", y)])?;
@@ -402,6 +432,24 @@ impl Hook for NativeE4m3 {
     }
 }
 
+/// `gate_up_silu` from the backend's own kernels: `gate = x . W_gate^T` and `up = x . W_up^T` into
+/// the scratch (f32), then `out = silu(gate) * up`. The default of
+/// [`Backend::exec_gate_up_silu`], and the path of a fused backend for shapes its kernel does not
+/// take. `d` must come from `ops::check_gate_up_silu`.
+pub fn gate_up_silu_composed<B: Backend + ?Sized>(
+    b: &B,
+    d: LinearDims,
+    x: &Tensor<B::Storage>,
+    w_gate: &Linear<B::Storage>,
+    w_up: &Linear<B::Storage>,
+    (gate, up): (&mut Tensor<B::Storage>, &mut Tensor<B::Storage>),
+    out: &mut Tensor<B::Storage>,
+) -> Result<()> {
+    b.exec_linear(d, x, w_gate, gate)?;
+    b.exec_linear(d, x, w_up, up)?;
+    b.exec_silu_mul(RowsDims { rows: d.m, cols: d.n }, gate, up, out)
+}
+
 /// `inner` reporting another fp8 flavour: every op is `inner`'s (whose kernels take both e4m3
 /// flavours); only [`Backend::native_e4m3`] answers `native`. Loading an e4m3fn checkpoint through
 /// it with `native = F8E4M3Fnuz` makes the conversion an MI300X load makes, on any machine: the
@@ -454,6 +502,18 @@ impl<B: Backend, H: Hook> Backend for Wrapped<B, H> {
     fn exec_add_assign(&self, d: RowsDims, x: &mut T<B>, y: &T<B>) -> Result<()> {
         self.inner.exec_add_assign(d, x, y)
     }
+    fn exec_gate_up_silu(
+        &self,
+        d: LinearDims,
+        x: &T<B>,
+        w_gate: &L<B>,
+        w_up: &L<B>,
+        scratch: (&mut T<B>, &mut T<B>),
+        out: &mut T<B>,
+    ) -> Result<()> {
+        self.inner.exec_gate_up_silu(d, x, w_gate, w_up, scratch, out)
+    }
+
     fn exec_embedding(&self, d: GatherDims, table: &L<B>, ids: &T<B>, out: &mut T<B>) -> Result<()> {
         self.inner.exec_embedding(d, table, ids, out)
     }

@@ -165,6 +165,32 @@ pub fn attention_traffic(
     counted.ok_or_else(|| Error::ShapeOverflow { shape: vec![rows, heads, kv_heads, head_dim] })
 }
 
+/// The traffic of `gate_up_silu`, `out[m, n] = silu(x . W_gate^T) * (x . W_up^T)`: both `[n, k]`
+/// weights (of `weight` elements, each scaled as `scale`) and their scales read once, `x` (of
+/// `act`) read once, the f32 `out` written once; the fused kernel's minimum (a composed
+/// `linear`, `linear`, `silu_mul` also moves x a second time and the two products through memory).
+pub fn gate_up_silu_traffic(
+    m: usize,
+    n: usize,
+    k: usize,
+    weight: DType,
+    scale: ScaleLayout,
+    act: DType,
+) -> Result<LinearBytes> {
+    let one = linear_traffic(m, n, k, weight, scale, act)?;
+    let counted = (|| {
+        let b = LinearBytes {
+            weight: one.weight.checked_mul(2)?,
+            scales: one.scales.checked_mul(2)?,
+            x: one.x,
+            y: (m as u64).checked_mul(n as u64)?.checked_mul(DType::F32.size() as u64)?,
+        };
+        b.weight.checked_add(b.scales)?.checked_add(b.x)?.checked_add(b.y)?;
+        Some(b)
+    })();
+    counted.ok_or_else(|| Error::ShapeOverflow { shape: vec![m, n, k] })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -181,6 +207,17 @@ mod tests {
         // The down projection is wide: x is the long side.
         let b = linear_bytes(1, 4096, 14336, DType::BF16, ScaleLayout::PerTensor, DType::BF16);
         assert_eq!(b, Ok(4096 * 14336 * 2 + 14336 * 2 + 4096 * 2));
+    }
+
+    #[test]
+    fn gate_up_silu_reads_x_once() {
+        // Llama 3.1 8B: bf16 14336x4096 gate and up, one f32 row in, one out.
+        let b = gate_up_silu_traffic(1, 14336, 4096, DType::BF16, ScaleLayout::None, DType::F32).unwrap();
+        assert_eq!(b.total(), 2 * 14336 * 4096 * 2 + 4096 * 4 + 14336 * 4);
+        let b =
+            gate_up_silu_traffic(2, 8, 4, DType::F8E4M3Fn, ScaleLayout::PerChannel(DType::BF16), DType::BF16);
+        assert_eq!(b, Ok(LinearBytes { weight: 2 * 32, scales: 2 * 16, x: 2 * 4 * 2, y: 2 * 8 * 4 }));
+        assert!(gate_up_silu_traffic(usize::MAX, 3, 3, DType::F32, ScaleLayout::None, DType::F32).is_err());
     }
 
     #[test]

@@ -16,6 +16,15 @@ pub enum Error {
     #[error("{op}: invalid argument: {msg}")]
     Argument { op: &'static str, msg: String },
 
+    #[error("{op}: `{tensor}` is scaled {got}, but `{like}` {expected}; both must be scaled alike")]
+    ScaleMismatch {
+        op: &'static str,
+        tensor: &'static str,
+        got: String,
+        like: &'static str,
+        expected: String,
+    },
+
     #[error("{op}: token id {id} at row {row} is out of range for a vocabulary of {vocab}")]
     TokenOutOfRange { op: &'static str, row: usize, id: u32, vocab: usize },
 

@@ -303,10 +303,19 @@ fn nonempty(op: &'static str, name: &'static str, shape: &[usize]) -> Result<()>
 }
 
 fn check_float_weight<S: Storage>(op: &'static str, w: &Linear<S>) -> Result<(usize, usize)> {
+    check_named_weight(op, ("weight", "scale"), w)
+}
+
+/// [`check_float_weight`] with the weight and its scale named `names` in the errors.
+fn check_named_weight<S: Storage>(
+    op: &'static str,
+    (weight_name, scale_name): (&'static str, &'static str),
+    w: &Linear<S>,
+) -> Result<(usize, usize)> {
     let weight = &w.weight;
-    expect_dtype(op, "weight", weight.dtype(), &DType::FLOATS)?;
-    let [n, k] = expect_shape(op, "weight", weight.shape(), [None, None])?;
-    nonempty(op, "weight", weight.shape())?;
+    expect_dtype(op, weight_name, weight.dtype(), &DType::FLOATS)?;
+    let [n, k] = expect_shape(op, weight_name, weight.shape(), [None, None])?;
+    nonempty(op, weight_name, weight.shape())?;
     match &w.scale {
         WeightScale::None => {}
         WeightScale::PerTensor(s) => {
@@ -315,20 +324,20 @@ fn check_float_weight<S: Storage>(op: &'static str, w: &Linear<S>) -> Result<(us
             }
         }
         WeightScale::PerChannel(s) => {
-            expect_dtype(op, "scale", s.dtype(), SCALE_TYPES)?;
+            expect_dtype(op, scale_name, s.dtype(), SCALE_TYPES)?;
             let ok = s.shape() == [n] || s.shape() == [n, 1];
             if !ok {
-                return Err(shape_err(op, "scale", s.shape(), format!("[{n}] or [{n}, 1]")));
+                return Err(shape_err(op, scale_name, s.shape(), format!("[{n}] or [{n}, 1]")));
             }
         }
         WeightScale::Block { block_rows, block_cols, scales } => {
             if *block_rows == 0 || *block_cols == 0 {
                 return Err(arg(op, format!("block scale of {block_rows}x{block_cols}")));
             }
-            expect_dtype(op, "scale", scales.dtype(), SCALE_TYPES)?;
+            expect_dtype(op, scale_name, scales.dtype(), SCALE_TYPES)?;
             expect_shape(
                 op,
-                "scale",
+                scale_name,
                 scales.shape(),
                 [Some(n.div_ceil(*block_rows)), Some(k.div_ceil(*block_cols))],
             )?;
@@ -346,6 +355,59 @@ pub fn check_linear<S: Storage>(x: &Tensor<S>, w: &Linear<S>, y: &Tensor<S>) -> 
     let [m, _] = expect_shape(op, "x", x.shape(), [None, Some(k)])?;
     nonempty(op, "x", x.shape())?;
     expect_shape(op, "y", y.shape(), [Some(m), Some(n)])?;
+    Ok(LinearDims { m, n, k })
+}
+
+/// How a weight is scaled, for [`check_gate_up_silu`]: the kind, the scale dtype and the block
+/// shape, never the scale values (two per-tensor scales may differ).
+fn scale_kind<S: Storage>(scale: &WeightScale<S>) -> String {
+    match scale {
+        WeightScale::None => "unscaled".into(),
+        WeightScale::PerTensor(_) => "per tensor".into(),
+        WeightScale::PerChannel(s) => format!("per channel ({})", s.dtype()),
+        WeightScale::Block { block_rows, block_cols, scales } => {
+            format!("in {block_rows}x{block_cols} blocks ({})", scales.dtype())
+        }
+    }
+}
+
+/// `out[m, n] = silu(x . W_gate^T) * (x . W_up^T)`: the MLP's gate and up projections and their
+/// SiLU product as one op. `w_gate` and `w_up` are `[n, k]` weights of the same dtype, scaled
+/// alike (the same kind, scale dtype and block shape; per-tensor values may differ); x `[m, k]`
+/// of any activation dtype; out and the scratch `gate`, `up` f32 `[m, n]` (where a backend
+/// composes the op from `linear` and `silu_mul`, the two products land there; their contents
+/// afterwards are unspecified).
+pub fn check_gate_up_silu<S: Storage>(
+    x: &Tensor<S>,
+    w_gate: &Linear<S>,
+    w_up: &Linear<S>,
+    (gate, up): (&Tensor<S>, &Tensor<S>),
+    out: &Tensor<S>,
+) -> Result<LinearDims> {
+    let op = "gate_up_silu";
+    let (n, k) = check_named_weight(op, ("w_gate", "gate_scale"), w_gate)?;
+    check_named_weight(op, ("w_up", "up_scale"), w_up)?;
+    if w_up.weight.shape() != w_gate.weight.shape() {
+        return Err(shape_err(op, "w_up", w_up.weight.shape(), format!("[{n}, {k}] (as w_gate)")));
+    }
+    expect_dtype(op, "w_up", w_up.weight.dtype(), &[w_gate.weight.dtype()])?;
+    let (gate_kind, up_kind) = (scale_kind(&w_gate.scale), scale_kind(&w_up.scale));
+    if gate_kind != up_kind {
+        return Err(Error::ScaleMismatch {
+            op,
+            tensor: "w_up",
+            got: up_kind,
+            like: "w_gate",
+            expected: gate_kind,
+        });
+    }
+    expect_dtype(op, "x", x.dtype(), &DType::ACTIVATIONS)?;
+    let [m, _] = expect_shape(op, "x", x.shape(), [None, Some(k)])?;
+    nonempty(op, "x", x.shape())?;
+    for (name, t) in [("gate", gate), ("up", up), ("out", out)] {
+        expect_dtype(op, name, t.dtype(), F32_ONLY)?;
+        expect_shape(op, name, t.shape(), [Some(m), Some(n)])?;
+    }
     Ok(LinearDims { m, n, k })
 }
 

@@ -68,6 +68,18 @@ impl<D: Device> Backend for Gpu<D> {
         ops::elementwise::silu_mul(self, d, gate, up, out)
     }
 
+    fn exec_gate_up_silu(
+        &self,
+        d: LinearDims,
+        x: &T<D>,
+        w_gate: &L<D>,
+        w_up: &L<D>,
+        scratch: (&mut T<D>, &mut T<D>),
+        out: &mut T<D>,
+    ) -> Result<()> {
+        ops::linear::gate_up_silu(self, d, x, w_gate, w_up, scratch, out)
+    }
+
     fn exec_add_assign(&self, d: RowsDims, x: &mut T<D>, y: &T<D>) -> Result<()> {
         ops::elementwise::add_assign(self, d, x, y)
     }

@@ -117,6 +117,30 @@ pub(super) fn linear(
     store(op, "y", y, &out)
 }
 
+/// `out[i][j] = silu(g) * u`, `g = sum_l x[i][l] * W_gate[j][l]`, `u` the same over `W_up`, all
+/// in f64 (`silu(g) = g / (1 + exp(-g))`), rounded once to f32. The scratch is not used.
+pub(super) fn gate_up_silu(
+    d: LinearDims,
+    x: &HostTensor,
+    w_gate: &Linear<HostStorage>,
+    w_up: &Linear<HostStorage>,
+    out: &mut HostTensor,
+) -> Result<()> {
+    let op = "gate_up_silu";
+    let x = widen(op, "x", x)?;
+    let gate = Weight::new(op, w_gate, d.k)?;
+    let up = Weight::new(op, w_up, d.k)?;
+    let mut v = vec![0.0; d.m * d.n];
+    for i in 0..d.m {
+        let x_row = &x[i * d.k..(i + 1) * d.k];
+        for j in 0..d.n {
+            let g = gate.dot_row(j, x_row);
+            v[i * d.n + j] = g / (1.0 + (-g).exp()) * up.dot_row(j, x_row);
+        }
+    }
+    store(op, "out", out, &v)
+}
+
 /// `out[r] = W_real[ids[r]]`; any id beyond the table is `TokenOutOfRange` before anything is
 /// written.
 pub(super) fn embedding(

@@ -12,6 +12,8 @@
 //! - linear: `y[i][j] = sum_l x[i][l] * W[j][l]`; per-tensor and per-channel scales multiply
 //!   the row's full sum; block scales multiply each `block_cols`-wide partial sum by
 //!   `scales[j / block_rows][l / block_cols]`, and the scaled partial sums are added.
+//! - gate_up_silu: both rows' sums as linear's, `silu(g) * u` in f64, one rounding to f32; the
+//!   scratch is left as it was.
 //! - embedding: dequantised row `ids[r]`; a per-channel scale is one per row (token).
 //! - kv_store: rows are written in order, so a later row wins when two rows name the same
 //!   `(slot, position)`.
@@ -92,6 +94,17 @@ impl Backend for Reference {
         out: &mut HostTensor,
     ) -> Result<()> {
         elementwise::silu_mul(d, gate, up, out)
+    }
+    fn exec_gate_up_silu(
+        &self,
+        d: LinearDims,
+        x: &HostTensor,
+        w_gate: &Linear<HostStorage>,
+        w_up: &Linear<HostStorage>,
+        _scratch: (&mut HostTensor, &mut HostTensor),
+        out: &mut HostTensor,
+    ) -> Result<()> {
+        linear::gate_up_silu(d, x, w_gate, w_up, out)
     }
     fn exec_add_assign(&self, d: RowsDims, x: &mut HostTensor, y: &HostTensor) -> Result<()> {
         elementwise::add_assign(d, x, y)

@@ -1,7 +1,8 @@
 //! `linear`: GEMV for decode (`kernels-cuda/gemv.cu`, at most [`GEMV_MAX_ROWS`] rows) and the
 //! GEMMs for prefill ([`super::gemm`]: tensor cores, `kernels-cuda/gemm_tc.cu`, or CUDA cores,
 //! `kernels-cuda/gemm.cu`); all take the params struct and the weight/scale plumbing of this module
-//! (`kernels-cuda/params/linear.h`).
+//! (`kernels-cuda/params/linear.h`). Also `gate_up_silu`: the fused gate/up GEMV of `gemv.cu` for
+//! decode rows, composed from `linear` and `silu_mul` above them.
 
 use super::super::{Device, DeviceInfo, Gpu, GpuStorage, LaunchCfg, dim};
 use super::addr;
@@ -45,8 +46,22 @@ pub struct WidenParams {
     pub n: u64,
 }
 
+/// `GateUpParams` of `kernels-cuda/params/linear.h`: the gate projection's `LinearParams` (its `y`
+/// the f32 out) and the up weight, scaled alike.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct GateUpParams {
+    pub gate: LinearParams,
+    pub up: u64,
+    pub up_scales: u64,
+    pub up_scale: f32,
+    pub pad: u32,
+}
+
 const _: () = {
     use std::mem::{offset_of, size_of};
+    assert!(size_of::<GateUpParams>() == 96);
+    assert!(offset_of!(GateUpParams, up) == 72 && offset_of!(GateUpParams, up_scale) == 88);
     assert!(size_of::<LinearParams>() == 72);
     assert!(offset_of!(LinearParams, block_rows) == 56 && offset_of!(LinearParams, y_dtype) == 68);
     assert!(size_of::<WidenParams>() == 24);
@@ -80,7 +95,7 @@ fn intern(name: String) -> &'static str {
     s
 }
 
-/// `gemv_<w>[_block_<s>]_r<rows>` (`family` "gemv"), or `gemm_<w>[_block_<s>]` and
+/// `gemv_<w>[_block_<s>]_r<rows>` (`family` "gemv"; "gate_up_silu" likewise), or `gemm_<w>[_block_<s>]` and
 /// `gemm_tc_<w>[_block_<s>]` (`family` "gemm" / "gemm_tc", `rows` None).
 pub fn kernel_name(
     family: &str,
@@ -120,7 +135,9 @@ pub fn kernel_names() -> Vec<&'static str> {
     let mut names = vec!["linear_x_f32_bf16", "linear_x_f32_f16"];
     for w in DType::FLOATS {
         for s in [None, Some(DType::F32), Some(DType::BF16)] {
-            names.extend(GEMV_ROW_TILES.iter().filter_map(|&r| kernel_name("gemv", w, s, Some(r))));
+            for family in ["gemv", "gate_up_silu"] {
+                names.extend(GEMV_ROW_TILES.iter().filter_map(|&r| kernel_name(family, w, s, Some(r))));
+            }
             names.extend(kernel_name("gemm", w, s, None));
             if w != DType::F32 {
                 names.extend(kernel_name("gemm_tc", w, s, None));
@@ -255,6 +272,57 @@ pub(crate) fn launch_linear<D: Device>(
     })
 }
 
+/// `gate_up_silu`: for at most [`GEMV_MAX_ROWS`] rows one `gate_up_silu_<w>[_block_<s>]_r<R>`
+/// launch (gemv.cu: both weights and x read once, no intermediates); above, the composed path
+/// (two `linear` into the scratch, then `silu_mul`), whose GEMMs read each weight once per 64 rows
+/// anyway. `check_gate_up_silu` made gate and up the same shape and dtype and scaled alike, so one
+/// kernel and one block shape serve both.
+pub(crate) fn gate_up_silu<D: Device>(
+    g: &Gpu<D>,
+    d: LinearDims,
+    x: &T<D>,
+    w_gate: &Linear<GpuStorage<D::Buffer>>,
+    w_up: &Linear<GpuStorage<D::Buffer>>,
+    scratch: (&mut T<D>, &mut T<D>),
+    out: &mut T<D>,
+) -> Result<()> {
+    let op = "gate_up_silu";
+    if d.m > GEMV_MAX_ROWS {
+        return crate::backend::gate_up_silu_composed(g, d, x, w_gate, w_up, scratch, out);
+    }
+    let rows = gemv_row_tile(d.m).ok_or_else(|| super::unsupported(op, g.name()))?;
+    let (scale_dtype, gate_scales, block_rows, block_cols, gate_scale) = weight_params::<D>(d, w_gate)?;
+    let (up_dtype, up_scales, up_rows, up_cols, up_scale) = weight_params::<D>(d, w_up)?;
+    if (up_dtype, up_rows, up_cols) != (scale_dtype, block_rows, block_cols) {
+        return Err(Error::Argument { op, msg: "gate and up are not scaled alike".into() });
+    }
+    let name = kernel_name(op, w_gate.weight.dtype(), scale_dtype, Some(rows))
+        .ok_or_else(|| super::unsupported(op, g.name()))?;
+    let cfg = gemv_launch(d.n, g.device().info())?;
+    let (gate_addr, up_addr, out_addr) = (addr::<D>(&w_gate.weight), addr::<D>(&w_up.weight), addr::<D>(out));
+    with_f32_x(g, d, x, |x_addr| {
+        let gate = LinearParams {
+            y: out_addr,
+            x: x_addr,
+            weight: gate_addr,
+            scales: gate_scales,
+            m: d.m as u64,
+            n: d.n as u64,
+            k: d.k as u64,
+            block_rows,
+            block_cols,
+            scale: gate_scale,
+            y_dtype: y_code(DType::F32),
+        };
+        let p = GateUpParams { gate, up: up_addr, up_scales, up_scale, pad: 0 };
+        // SAFETY: `check_gate_up_silu` checked x [m, k] (f32 here), gate and up [n, k] of the
+        // kernel's dtype with scales of one kind, dtype and block shape (compared again above),
+        // and out f32 [m, n]; the kernel bounds every access by m <= R, n and k as gemv does, so
+        // each is inside its buffer; out is borrowed mutably.
+        unsafe { g.launch(name, cfg, &p) }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -295,6 +363,10 @@ mod tests {
         assert_eq!(kernel_name("gemm", DType::F16, Some(DType::F32), None), Some("gemm_f16_block_f32"));
         assert_eq!(kernel_name("gemm", DType::U32, None, None), None);
         assert_eq!(kernel_name("gemm_tc", DType::F8E5M2, None, None), Some("gemm_tc_e5m2"));
-        assert_eq!(kernel_names().len(), 2 + 7 * 3 * 4 + 6 * 3);
+        assert_eq!(
+            kernel_name("gate_up_silu", DType::F8E4M3Fnuz, Some(DType::F32), Some(4)),
+            Some("gate_up_silu_e4m3fnuz_block_f32_r4")
+        );
+        assert_eq!(kernel_names().len(), 2 + 7 * 3 * (2 * 3 + 1) + 6 * 3);
     }
 }

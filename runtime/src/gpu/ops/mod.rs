@@ -165,6 +165,7 @@ pub fn params_layouts() -> Vec<ParamsLayout> {
             y_dtype
         }),
         params_layout!(linear::WidenParams { out, x, n }),
+        params_layout!(linear::GateUpParams { gate, up, up_scales, up_scale, pad }),
         // rows.rs
         params_layout!(rows::EmbeddingParams {
             out,
