@@ -152,8 +152,6 @@ pub enum Op {
     KvStore { layer: usize },
     /// `Attn = attention(Q, cache[layer])`.
     Attention { layer: usize },
-    /// `out = silu(gate) * up`.
-    SiluMul { gate: Buf, up: Buf, out: Buf },
     /// `out = silu(x . W_gate^T) * (x . W_up^T)`, one op (the backend's `gate_up_silu`: on a GPU
     /// one pass over both weights for decode rows); `scratch` holds the two products where the
     /// backend composes it from `linear` and `silu_mul`.
@@ -286,7 +284,6 @@ impl Op {
             Op::Rope { .. } => "rope",
             Op::KvStore { .. } => "kv_store",
             Op::Attention { .. } => "attention",
-            Op::SiluMul { .. } => "silu_mul",
             Op::GateUpSilu { .. } => "gate_up_silu",
             Op::AddAssign { .. } => "add_assign",
             Op::RouterTopk { .. } => "router_topk",
@@ -307,7 +304,6 @@ impl std::fmt::Display for Op {
             Op::Rope { x, heads } => write!(f, "{n} {x:?} ({heads} heads) at Positions"),
             Op::KvStore { layer } => write!(f, "{n} K, V -> cache[{layer}] at Slots, Positions"),
             Op::Attention { layer } => write!(f, "{n} Q over cache[{layer}] -> Attn"),
-            Op::SiluMul { gate, up, out } => write!(f, "{n} silu({gate:?}) * {up:?} -> {out:?}"),
             Op::GateUpSilu { x, gate, up, out, .. } => {
                 write!(f, "{n} silu({x:?} . {gate:?}) * ({x:?} . {up:?}) -> {out:?}")
             }

@@ -176,10 +176,6 @@ impl<B: Backend> Model<B> {
                 .map_or(0, |b| b.read());
                 OpCost { bytes_read: bytes, flops: 4 * s.attended * c.q_dim() as u64 }
             }
-            Op::SiluMul { .. } => {
-                let n = rows * c.intermediate_size as u64;
-                OpCost { bytes_read: 2 * n * f32b, flops: 6 * n }
-            }
             Op::GateUpSilu { gate, up, .. } => match (self.matrix(*gate), self.matrix(*up)) {
                 // Both weights and their scales once, x once (in gate's `read`), as the fused
                 // kernel reads them (`cost::gate_up_silu_traffic`); the products never reach memory.

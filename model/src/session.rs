@@ -794,12 +794,6 @@ impl<'m, B: Backend> Session<'m, B> {
                 ws.put(Buf::Attn, o3.reshape(&shape)?);
                 r?;
             }
-            Op::SiluMul { gate, up, out } => {
-                let mut o = ws.take(*out)?;
-                let r = b.silu_mul(ws.get(*gate)?, ws.get(*up)?, &mut o);
-                ws.put(*out, o);
-                r?;
-            }
             Op::GateUpSilu { x, gate, up, scratch, out } => {
                 let (mut g, mut u, mut o) = (ws.take(scratch.0)?, ws.take(scratch.1)?, ws.take(*out)?);
                 let r = b.gate_up_silu(
