@@ -167,6 +167,8 @@ fn run_on_a_gpu_is_an_error_without_a_device() {
 /// the unchanged graph (on the SIMT emulator) and report their backend; the ids they generate are
 /// compared with the CPU in tests/gpu_model.rs (logits, with tolerances), not here. The fp8
 /// checkpoint is converted to e4m3fnuz for hip-emu (an AMD CDNA3 stand-in) and not for cuda-emu.
+/// Decode steps replay a graph from the third on (the first runs op by op, the second records),
+/// and `--eager` generates the same ids with none.
 #[test]
 fn run_on_the_emulated_gpus() {
     for (backend, converts) in [("cuda-emu", false), ("hip-emu", true)] {
@@ -180,7 +182,7 @@ fn run_on_the_emulated_gpus() {
                 "--tokens",
                 "1,2,3",
                 "--max-new-tokens",
-                "3",
+                "4",
                 "--backend",
                 backend,
                 "--json",
@@ -193,7 +195,22 @@ fn run_on_the_emulated_gpus() {
             assert!(ok, "{backend} {fixture_name}: {err}");
             let v: serde_json::Value = serde_json::from_str(out.trim()).expect("json");
             assert_eq!(v["backend"], backend);
-            assert_eq!(v["tokens"].as_array().map(Vec::len), Some(3));
+            assert_eq!(v["tokens"].as_array().map(Vec::len), Some(4));
+            let graphs = &v["graphs"];
+            assert_eq!(graphs["enabled"], true, "{backend}: {graphs}");
+            assert_eq!(
+                (graphs["recorded"].as_u64(), graphs["replayed_steps"].as_u64()),
+                (Some(1), Some(2)),
+                "{graphs}"
+            );
+            let (ok, eager, err) = memwall(&[&args[..], &["--eager"]].concat());
+            assert!(ok, "{backend} {fixture_name} --eager: {err}");
+            let e: serde_json::Value = serde_json::from_str(eager.trim()).expect("json");
+            assert_eq!(e["tokens"], v["tokens"], "{backend} {fixture_name}: --eager ids");
+            assert_eq!(
+                (e["graphs"]["enabled"].as_bool(), e["graphs"]["replayed_steps"].as_u64()),
+                (Some(false), Some(0))
+            );
             let converted = v["weights"]["converted_tensors"].as_u64().expect("converted_tensors");
             let fp8 = fixture_name.contains("fp8");
             assert_eq!(

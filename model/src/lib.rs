@@ -21,4 +21,4 @@ pub mod npy;
 pub mod session;
 
 pub use model::{LoadReport, Model};
-pub use session::{BlockPool, GenerateOptions, Generation, Session, SessionOptions};
+pub use session::{BlockPool, GenerateOptions, Generation, GraphStats, Session, SessionOptions};

@@ -23,7 +23,7 @@
 
 use std::time::Instant;
 
-use memwall_runtime::{Backend, DType, KvCacheLayer, SamplingParams, Storage, Tensor};
+use memwall_runtime::{Backend, DType, KvCacheLayer, Recorded, SamplingParams, Storage, Tensor};
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
@@ -58,6 +58,13 @@ pub struct SessionOptions {
     /// Blocks of the KV cache pool; 0 = `max_batch * ceil(capacity / block_size)`, enough for
     /// every slot at full capacity (as much as a contiguous cache holds).
     pub num_blocks: usize,
+    /// Replay decode steps as graphs where the backend records them (CUDA and HIP graphs: see
+    /// [`Backend::capture`]): the first decode step of each shape (sequences, sampling
+    /// parameters) runs op by op, the second records its launches, and every later one replays
+    /// them, so a step costs one launch on the host instead of one per kernel. A no-op on the
+    /// CPU backends and for models whose step reads results back to the host mid-step (Mixtral's
+    /// router). Default `true`; `false` always runs op by op.
+    pub graphs: bool,
 }
 
 impl Default for SessionOptions {
@@ -71,6 +78,7 @@ impl Default for SessionOptions {
             max_prefill_rows: DEFAULT_MAX_PREFILL_ROWS,
             block_size: DEFAULT_BLOCK_SIZE,
             num_blocks: 0,
+            graphs: true,
         }
     }
 }
@@ -457,6 +465,31 @@ pub struct Session<'m, B: Backend> {
     last_expert_rows: Vec<Vec<usize>>,
     /// The shape of the last step run, for costing it.
     last_shape: Option<(StepShape, bool)>,
+    /// Recorded decode steps, by shape.
+    graphs: Vec<(GraphKey, B::Graph)>,
+    /// Decode shapes that ran once op by op: their launchers' scratch exists, so they can be
+    /// recorded.
+    warmed: Vec<GraphKey>,
+    stats: GraphStats,
+}
+
+/// What makes two decode steps' launches identical: the rows (one per sequence) and the
+/// sampling parameters the pick kernel was launched with (`None`: greedy).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct GraphKey {
+    rows: usize,
+    sampling: Option<(u32, usize, u32)>,
+}
+
+/// How a session's decode steps ran ([`Session::graph_stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GraphStats {
+    /// Graphs recorded (a shape recorded again after its graph went stale counts again).
+    pub recorded: usize,
+    /// Steps run by replaying a graph.
+    pub replayed_steps: usize,
+    /// Kernel launches in the graphs recorded, summed (0 where the backend does not say).
+    pub recorded_launches: usize,
 }
 
 impl<'m, B: Backend> Session<'m, B> {
@@ -504,7 +537,15 @@ impl<'m, B: Backend> Session<'m, B> {
             workspace: Some(workspace),
             last_expert_rows: Vec::new(),
             last_shape: None,
+            graphs: Vec::new(),
+            warmed: Vec::new(),
+            stats: GraphStats::default(),
         })
+    }
+
+    /// How the decode steps so far ran: graphs recorded, steps replayed.
+    pub fn graph_stats(&self) -> GraphStats {
+        self.stats
     }
 
     /// The bytes read and FLOPs of the last step, from the op list, with the experts the router
@@ -696,11 +737,9 @@ impl<'m, B: Backend> Session<'m, B> {
             write_u32(ws, Buf::Steps, steps.to_vec())?;
         }
         self.last_expert_rows.clear();
-        for op in model.graph.step_ops(all_logits) {
-            if !picks && writes_per_sequence(op) {
-                continue;
-            }
-            self.exec(ws, op)?;
+        match self.graph_key(rows.len(), last.len(), all_logits, params) {
+            Some(key) => self.launch_recorded(ws, key, params)?,
+            None => self.launch_step(ws, all_logits, picks, params)?,
         }
         let all = if all_logits { Some(b.read_f32(ws.get(Buf::AllLogits)?)?) } else { None };
         if !picks {
@@ -710,6 +749,31 @@ impl<'m, B: Backend> Session<'m, B> {
                 all_logits: all,
             });
         }
+        let tokens = b.read_u32(ws.get(Buf::Next)?)?;
+        let logits = if read_logits { Some(b.read_f32(ws.get(Buf::Logits)?)?) } else { None };
+        Ok(StepOutput { tokens, logits, all_logits: all })
+    }
+
+    /// Queues the step's ops and, if sequences end in it (`picks`), the pick of their next
+    /// tokens into `Next`.
+    fn launch_step(
+        &mut self,
+        ws: &mut Workspace<B::Storage>,
+        all_logits: bool,
+        picks: bool,
+        params: &SamplingParams,
+    ) -> Result<()> {
+        let model = self.model;
+        let b = &model.backend;
+        for op in model.graph.step_ops(all_logits) {
+            if !picks && writes_per_sequence(op) {
+                continue;
+            }
+            self.exec(ws, op)?;
+        }
+        if !picks {
+            return Ok(());
+        }
         let mut next = ws.take(Buf::Next)?;
         let logits = ws.get(Buf::Logits)?;
         let picked = if params.temperature == 0.0 {
@@ -718,10 +782,84 @@ impl<'m, B: Backend> Session<'m, B> {
             b.sample(logits, params, ws.get(Buf::Seeds)?, ws.get(Buf::Steps)?, &mut next)
         };
         ws.put(Buf::Next, next);
-        picked?;
-        let tokens = b.read_u32(ws.get(Buf::Next)?)?;
-        let logits = if read_logits { Some(b.read_f32(ws.get(Buf::Logits)?)?) } else { None };
-        Ok(StepOutput { tokens, logits, all_logits: all })
+        Ok(picked?)
+    }
+
+    /// The graph key of a step that may be replayed: a decode step (one row per sequence, every
+    /// sequence picking) of a session with graphs on, whose ops read nothing back mid-step (the
+    /// experts do).
+    fn graph_key(
+        &self,
+        rows: usize,
+        seqs: usize,
+        all_logits: bool,
+        params: &SamplingParams,
+    ) -> Option<GraphKey> {
+        let decode = rows == seqs && !all_logits;
+        let host_free = || !self.model.graph.step_ops(false).any(|op| matches!(op, Op::Experts { .. }));
+        (self.options.graphs && decode && host_free()).then(|| GraphKey {
+            rows,
+            sampling: (params.temperature != 0.0)
+                .then(|| (params.temperature.to_bits(), params.top_k, params.top_p.to_bits())),
+        })
+    }
+
+    /// Queues a decode step of shape `key`: its graph replayed; recorded first if the shape ran
+    /// before (or its graph went stale); op by op the first time (so that every launcher's
+    /// scratch exists before a recording) or where the backend records nothing.
+    fn launch_recorded(
+        &mut self,
+        ws: &mut Workspace<B::Storage>,
+        key: GraphKey,
+        params: &SamplingParams,
+    ) -> Result<()> {
+        let model = self.model;
+        let b = &model.backend;
+        if let Some(at) = self.graphs.iter().position(|(k, _)| *k == key) {
+            if b.replay(&self.graphs[at].1)? {
+                self.stats.replayed_steps += 1;
+                return Ok(());
+            }
+            // A launcher's scratch moved (a larger step ran since): record again.
+            self.graphs.swap_remove(at);
+        } else if !self.warmed.contains(&key) {
+            self.warmed.push(key);
+            return self.launch_step(ws, false, true, params);
+        }
+        // An op's own error (not a runtime one) is kept whole and handed on after the capture.
+        let mut op_error = None;
+        let recorded = b.capture(&mut || {
+            self.launch_step(ws, false, true, params).map_err(|e| match e {
+                ModelError::Runtime(e) => e,
+                other => {
+                    let msg = other.to_string();
+                    op_error = Some(other);
+                    memwall_runtime::Error::Device { device: b.name().into(), msg }
+                }
+            })
+        });
+        if let Some(e) = op_error {
+            return Err(e);
+        }
+        let recorded = recorded.map_err(|e| {
+            ModelError::Session(format!(
+                "recording a decode step of {} rows as a graph: {e} (SessionOptions::graphs = false \
+                 runs op by op)",
+                key.rows
+            ))
+        })?;
+        let Some(graph) = recorded else {
+            // The backend records nothing: op by op, always.
+            return self.launch_step(ws, false, true, params);
+        };
+        if !b.replay(&graph)? {
+            return Err(ModelError::Session("a graph went stale as it was recorded".into()));
+        }
+        self.stats.recorded += 1;
+        self.stats.replayed_steps += 1;
+        self.stats.recorded_launches += graph.launches();
+        self.graphs.push((key, graph));
+        Ok(())
     }
 
     /// Interprets one op.

@@ -22,6 +22,9 @@ use crate::{DType, Error, Result, Rope, Storage, Tensor, tensor};
 pub trait Backend: Send + Sync {
     /// Memory of this device.
     type Storage: Storage;
+    /// A recorded sequence of this backend's kernel launches ([`Backend::capture`]): a CUDA or
+    /// HIP graph on the GPU backends, uninhabited where nothing is recorded (the CPU).
+    type Graph: Recorded;
 
     /// Short name (`cpu`, `cpu-ref`, `cuda`, ...).
     fn name(&self) -> &'static str;
@@ -49,6 +52,33 @@ pub trait Backend: Send + Sync {
     /// mapped, scales doubled: the same real weights) when it is `F8E4M3Fnuz`.
     fn native_e4m3(&self) -> DType {
         DType::F8E4M3Fn
+    }
+
+    // ---- recording (graphs) -----------------------------------------------------------------
+
+    /// Records the kernel launches `f` queues as a graph instead of running them, for
+    /// [`Backend::replay`]: the decode step, whose launches are the same from step to step (its
+    /// varying inputs, token ids and positions, live in device buffers the caller writes before
+    /// each replay). `Ok(None)` without calling `f` where the backend records nothing (the
+    /// default, the CPU backends): the caller then runs the work itself.
+    ///
+    /// While recording, `f` may only launch kernels: allocating, copying to or from the host and
+    /// synchronising are errors (and so is a launcher growing its scratch: run the same work once
+    /// unrecorded first). Nothing `f` queues runs until the graph is replayed. An error from `f`
+    /// or from the device ends the recording and discards it.
+    fn capture(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<Option<Self::Graph>> {
+        let _ = f;
+        Ok(None)
+    }
+
+    /// Queues the launches of `graph` (recorded by this backend) again, each with the arguments
+    /// it was recorded with: the same buffers, read and written at their current contents.
+    /// `Ok(false)` with nothing queued when the graph is stale (a launcher's scratch moved since
+    /// it was recorded): record it again. The default, for backends that record nothing, is an
+    /// `Unsupported` error.
+    fn replay(&self, graph: &Self::Graph) -> Result<bool> {
+        let _ = graph;
+        Err(Error::Unsupported { backend: self.name(), op: "replay", reason: "it records no graphs".into() })
     }
 
     // ---- op kernels: called with checked dims -----------------------------------------------
@@ -399,6 +429,18 @@ pub trait Backend: Send + Sync {
     }
 }
 
+/// A graph of recorded launches ([`Backend::Graph`]).
+pub trait Recorded {
+    /// The kernel launches it holds.
+    fn launches(&self) -> usize;
+}
+
+impl Recorded for std::convert::Infallible {
+    fn launches(&self) -> usize {
+        match *self {}
+    }
+}
+
 /// What a [`Wrapped`] backend adds to the backend it wraps. Each method's default changes nothing.
 pub trait Hook: Send + Sync {
     /// Called before each `exec_alloc` of `bytes` bytes.
@@ -467,12 +509,19 @@ type L<B> = Linear<<B as Backend>::Storage>;
 
 impl<B: Backend, H: Hook> Backend for Wrapped<B, H> {
     type Storage = B::Storage;
+    type Graph = B::Graph;
 
     fn name(&self) -> &'static str {
         self.inner.name()
     }
     fn native_e4m3(&self) -> DType {
         self.hook.native_e4m3(self.inner.native_e4m3())
+    }
+    fn capture(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<Option<B::Graph>> {
+        self.inner.capture(f)
+    }
+    fn replay(&self, graph: &B::Graph) -> Result<bool> {
+        self.inner.replay(graph)
     }
     fn exec_alloc(&self, bytes: usize) -> Result<B::Storage> {
         self.hook.on_alloc(bytes);

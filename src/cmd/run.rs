@@ -103,6 +103,11 @@ pub struct RunArgs {
     /// length. Fewer than the run needs is an error (OutOfBlocks) before any compute.
     #[arg(long, default_value_t = 0)]
     kv_blocks: usize,
+    /// Run every step op by op. By default a GPU backend records each decode step shape as a
+    /// CUDA / HIP graph the second time it runs and replays it from then on (one host launch per
+    /// step); the results are the same either way.
+    #[arg(long)]
+    eager: bool,
 }
 
 /// Parses `1,2,3` into token ids.
@@ -233,6 +238,7 @@ where
         max_prefill_rows: args.max_prefill_rows,
         block_size: args.block_size,
         num_blocks: args.kv_blocks,
+        graphs: !args.eager,
     };
     let mut session = Session::new(&model, options)?;
     let gen_opts = GenerateOptions {
@@ -290,6 +296,13 @@ where
                 "block_size": session.options().block_size,
                 "kv_blocks": session.options().num_blocks,
                 "capacity": session.options().capacity,
+            },
+            // Decode steps replayed as recorded graphs (GPU backends; 0 with --eager).
+            "graphs": {
+                "enabled": session.options().graphs,
+                "recorded": session.graph_stats().recorded,
+                "replayed_steps": session.graph_stats().replayed_steps,
+                "recorded_launches": session.graph_stats().recorded_launches,
             },
             "graph": {
                 "ops_per_step": model.graph.step_ops(false).count(),

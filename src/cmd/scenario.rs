@@ -69,6 +69,9 @@ pub struct ScenarioArgs {
     /// Fewer makes queries wait for blocks, and running ones be preempted (newest first).
     #[arg(long, default_value_t = 0)]
     kv_blocks: usize,
+    /// Run every step op by op (no graph replay of decode steps; see `memwall run --eager`).
+    #[arg(long)]
+    eager: bool,
     /// Server p99 time-to-first-token limit, ms (default: MLPerf's 2000).
     #[arg(long)]
     ttft_limit_ms: Option<f64>,
@@ -207,6 +210,7 @@ where
         max_prefill_rows: args.max_step_rows,
         block_size: args.block_size,
         num_blocks: args.kv_blocks,
+        graphs: !args.eager,
     };
     let session = Session::new(&model, options)?;
     let mut engine = SessionEngine::new(session, config.vocab_size);

@@ -1,7 +1,7 @@
 //! `Backend` for [`Gpu`]: memory through the device, each op through its family's launcher in
 //! `ops/`.
 
-use super::{Device, Gpu, GpuStorage, ops};
+use super::{Device, Gpu, GpuGraph, GpuStorage, ops};
 use crate::ops::{
     AttnDims, GatherDims, KvCacheLayer, Linear, LinearDims, RopeDims, RowsDims, SamplingParams, TopKDims,
 };
@@ -12,16 +12,19 @@ type L<D> = Linear<GpuStorage<<D as Device>::Buffer>>;
 
 impl<D: Device> Backend for Gpu<D> {
     type Storage = GpuStorage<D::Buffer>;
+    type Graph = GpuGraph<D::Graph>;
 
     fn name(&self) -> &'static str {
         self.device.name()
     }
 
     fn exec_alloc(&self, bytes: usize) -> Result<Self::Storage> {
+        self.not_recording("allocating")?;
         Ok(GpuStorage { buf: self.device.alloc(bytes.max(1))?, len: bytes })
     }
 
     fn exec_write(&self, dst: &mut Self::Storage, bytes: &[u8]) -> Result<()> {
+        self.not_recording("copying to the device")?;
         if bytes.len() > dst.len {
             return Err(Error::OutOfBounds {
                 what: "write".into(),
@@ -36,6 +39,7 @@ impl<D: Device> Backend for Gpu<D> {
     /// Reads after all queued work, then reports the first data-dependent error a kernel
     /// recorded since the last check (the bytes read may then be partly stale).
     fn exec_read(&self, src: &Self::Storage, out: &mut [u8]) -> Result<()> {
+        self.not_recording("copying to the host")?;
         if out.len() > src.len {
             return Err(Error::OutOfBounds { what: "read".into(), offset: 0, len: out.len(), size: src.len });
         }
@@ -44,12 +48,21 @@ impl<D: Device> Backend for Gpu<D> {
     }
 
     fn synchronize(&self) -> Result<()> {
+        self.not_recording("synchronising")?;
         self.device.synchronize()?;
         self.check_status()
     }
 
     fn native_e4m3(&self) -> DType {
         self.device.info().native_e4m3()
+    }
+
+    fn capture(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<Option<Self::Graph>> {
+        Gpu::capture(self, f).map(Some)
+    }
+
+    fn replay(&self, graph: &Self::Graph) -> Result<bool> {
+        Gpu::replay(self, graph)
     }
 
     fn exec_linear(&self, d: LinearDims, x: &T<D>, w: &L<D>, y: &mut T<D>) -> Result<()> {

@@ -11,9 +11,10 @@
 //!   for more than the default 48 KiB. All work goes to one stream, in order.
 //! - Memory: `cuMemAlloc` (256-byte aligned), zero-filled on the stream; out of memory is
 //!   [`Error::OutOfMemory`] with the size asked for and the free memory left.
-//! - [`CudaDevice::capture`] records the launches of a closure as a CUDA graph that
-//!   [`CudaGraph::replay`] runs again (the decode step; its buffers must stay where they were);
-//!   [`CudaDevice::time`] measures work on the stream with CUDA events (the benches).
+//! - Graphs: `begin_capture` / `end_capture` record the stream's launches as a CUDA graph
+//!   (thread-local capture mode), `replay` launches it again (the decode step: see
+//!   `Backend::capture`);
+//! - [`CudaDevice::time`] measures work on the stream with CUDA events (the benches).
 
 use std::collections::HashMap;
 use std::ffi::{CString, c_void};
@@ -230,23 +231,6 @@ impl CudaDevice {
         Ok(func)
     }
 
-    /// Records every launch `f` queues on this device as a CUDA graph instead of running it.
-    /// `f` must not allocate, copy host memory or synchronise (the capture fails, as an error);
-    /// run it once uncaptured first so that scratch buffers exist.
-    pub fn capture<R>(&self, f: impl FnOnce() -> Result<R>) -> Result<(CudaGraph, R)> {
-        self.bind()?;
-        self.stream
-            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(|e| driver("beginning a graph capture", e))?;
-        let out = f();
-        let graph = self.stream.end_capture(sys::CUgraphInstantiate_flags(0));
-        let out = out?;
-        match graph.map_err(|e| driver("ending the graph capture", e))? {
-            Some(graph) => Ok((CudaGraph { graph }, out)),
-            None => Err(device_err("the graph capture recorded no work")),
-        }
-    }
-
     /// Seconds the work `f` queues takes on the device, from CUDA events recorded around it.
     pub fn time(&self, f: impl FnOnce() -> Result<()>) -> Result<f64> {
         self.bind()?;
@@ -283,17 +267,15 @@ impl CudaDevice {
     }
 }
 
-/// A recorded sequence of launches ([`CudaDevice::capture`]).
+/// A recorded sequence of launches ([`Device::end_capture`]): an instantiated CUDA graph.
 pub struct CudaGraph {
     graph: cudarc::driver::CudaGraph,
 }
 
-impl CudaGraph {
-    /// Queues the recorded launches again, on the stream they were recorded from.
-    pub fn replay(&self) -> Result<()> {
-        self.graph.launch().map_err(|e| driver("replaying a graph", e))
-    }
-}
+// SAFETY: a graph and its executable instance are context-wide handles; cudarc binds the context
+// before launching or destroying them, from whichever thread.
+unsafe impl Send for CudaGraph {}
+unsafe impl Sync for CudaGraph {}
 
 fn query_info(ctx: &Arc<CudaContext>) -> Result<DeviceInfo> {
     use sys::CUdevice_attribute::*;
@@ -434,5 +416,28 @@ impl Device for CudaDevice {
         self.stream
             .synchronize()
             .map_err(|e| driver("synchronising the stream (a kernel may have faulted)", e))
+    }
+
+    type Graph = CudaGraph;
+
+    /// Thread-local capture mode: only this thread's calls can break the capture.
+    fn begin_capture(&self) -> Result<()> {
+        self.bind()?;
+        self.stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| driver("beginning a graph capture", e))
+    }
+
+    fn end_capture(&self) -> Result<CudaGraph> {
+        self.bind()?;
+        match self.stream.end_capture(sys::CUgraphInstantiate_flags(0)) {
+            Ok(Some(graph)) => Ok(CudaGraph { graph }),
+            Ok(None) => Err(device_err("the graph capture recorded no work")),
+            Err(e) => Err(driver("ending the graph capture", e)),
+        }
+    }
+
+    fn replay(&self, graph: &CudaGraph) -> Result<()> {
+        graph.graph.launch().map_err(|e| driver("replaying a graph", e))
     }
 }

@@ -9,6 +9,7 @@
 
 use std::alloc::Layout;
 use std::ffi::{CStr, c_char, c_void};
+use std::sync::Mutex;
 
 use super::{Device, DeviceInfo, LaunchCfg, check_range};
 use crate::{Error, Result};
@@ -151,6 +152,8 @@ pub struct EmuDevice {
     image: SimtImage,
     schedule: Schedule,
     info: DeviceInfo,
+    /// The graph being recorded, between `begin_capture` and `end_capture`.
+    recording: Mutex<Option<EmuGraph>>,
 }
 
 impl EmuDevice {
@@ -169,7 +172,7 @@ impl EmuDevice {
             max_grid: [i32::MAX as u32, 65535, 65535],
             total_memory: 1 << 34,
         };
-        EmuDevice { image, schedule, info }
+        EmuDevice { image, schedule, info, recording: Mutex::new(None) }
     }
 
     pub fn schedule(&self) -> Schedule {
@@ -227,6 +230,65 @@ impl Device for EmuDevice {
     }
 
     unsafe fn launch(&self, name: &'static str, cfg: LaunchCfg, params: &[u8]) -> Result<()> {
+        let mut recording = self.recording.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(graph) = recording.as_mut() {
+            graph.launches.push((name, cfg, params.to_vec()));
+            return Ok(());
+        }
+        drop(recording);
+        // SAFETY: forwarded from the caller.
+        unsafe { self.run(name, cfg, params) }
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+
+    type Graph = EmuGraph;
+
+    fn begin_capture(&self) -> Result<()> {
+        let mut recording = self.recording.lock().unwrap_or_else(|e| e.into_inner());
+        if recording.is_some() {
+            return Err(self.error("a graph capture is already recording".into()));
+        }
+        *recording = Some(EmuGraph { launches: Vec::new() });
+        Ok(())
+    }
+
+    fn end_capture(&self) -> Result<EmuGraph> {
+        match self.recording.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            None => Err(self.error("ending a graph capture that was not started".into())),
+            Some(g) if g.launches.is_empty() => Err(self.error("the graph capture recorded no work".into())),
+            Some(g) => Ok(g),
+        }
+    }
+
+    fn replay(&self, graph: &EmuGraph) -> Result<()> {
+        for (name, cfg, params) in &graph.launches {
+            // SAFETY: recorded by `launch`, whose caller vouched for the params; a graph's
+            // buffers must still be live when it is replayed (`Backend::replay`).
+            unsafe { self.run(name, *cfg, params)? };
+        }
+        Ok(())
+    }
+}
+
+/// The launches an [`EmuDevice`] recorded: kernel, geometry, params bytes, in order.
+#[derive(Debug)]
+pub struct EmuGraph {
+    launches: Vec<(&'static str, LaunchCfg, Vec<u8>)>,
+}
+
+impl EmuDevice {
+    fn error(&self, msg: String) -> Error {
+        Error::Device { device: self.info.name.clone(), msg }
+    }
+
+    /// Runs kernel `name` now.
+    ///
+    /// # Safety
+    /// As [`Device::launch`].
+    unsafe fn run(&self, name: &'static str, cfg: LaunchCfg, params: &[u8]) -> Result<()> {
         let mut err = [0 as c_char; 512];
         // SAFETY: the caller guarantees params match the kernel and point into live buffers;
         // the name is passed with its length; err has err.len() bytes.
@@ -250,10 +312,6 @@ impl Device for EmuDevice {
         // SAFETY: the image wrote a NUL-terminated message into err (its last byte stays 0).
         err[err.len() - 1] = 0;
         let msg = unsafe { CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned();
-        Err(Error::Device { device: self.info.name.clone(), msg: format!("kernel {name}: {msg}") })
-    }
-
-    fn synchronize(&self) -> Result<()> {
-        Ok(())
+        Err(self.error(format!("kernel {name}: {msg}")))
     }
 }

@@ -445,6 +445,74 @@ impl Device for HipDevice {
             )
         }
     }
+
+    type Graph = HipGraph;
+
+    /// Thread-local capture mode, as on CUDA.
+    fn begin_capture(&self) -> Result<()> {
+        self.bind()?;
+        // SAFETY: a live stream of this device.
+        unsafe {
+            check(
+                "beginning a graph capture",
+                sys::hipStreamBeginCapture(
+                    self.stream,
+                    sys::hipStreamCaptureMode::hipStreamCaptureModeThreadLocal,
+                ),
+            )
+        }
+    }
+
+    fn end_capture(&self) -> Result<HipGraph> {
+        self.bind()?;
+        let mut graph: sys::hipGraph_t = std::ptr::null_mut();
+        // SAFETY: a live stream of this device; `graph` is valid for the write.
+        unsafe { check("ending the graph capture", sys::hipStreamEndCapture(self.stream, &mut graph))? };
+        if graph.is_null() {
+            return Err(device_err("the graph capture recorded no work"));
+        }
+        let mut exec: sys::hipGraphExec_t = std::ptr::null_mut();
+        // SAFETY: `graph` was just captured; no error node or log is asked for.
+        let made = unsafe {
+            check(
+                "instantiating the graph",
+                sys::hipGraphInstantiate(&mut exec, graph, std::ptr::null_mut(), std::ptr::null_mut(), 0),
+            )
+        };
+        if let Err(e) = made {
+            // SAFETY: created above, destroyed once.
+            let _ = unsafe { sys::hipGraphDestroy(graph) };
+            return Err(e);
+        }
+        Ok(HipGraph { graph, exec })
+    }
+
+    fn replay(&self, graph: &HipGraph) -> Result<()> {
+        self.bind()?;
+        // SAFETY: an instantiated graph of this device and its stream.
+        unsafe { check("replaying a graph", sys::hipGraphLaunch(graph.exec, self.stream)) }
+    }
+}
+
+/// A recorded sequence of launches ([`Device::end_capture`]): a HIP graph and its executable
+/// instance, destroyed on drop.
+pub struct HipGraph {
+    graph: sys::hipGraph_t,
+    exec: sys::hipGraphExec_t,
+}
+
+// SAFETY: graphs are process-wide handles, used only through HIP calls, which are thread-safe.
+unsafe impl Send for HipGraph {}
+unsafe impl Sync for HipGraph {}
+
+impl Drop for HipGraph {
+    fn drop(&mut self) {
+        // SAFETY: created by end_capture, destroyed once; an error has nowhere to go.
+        unsafe {
+            let _ = sys::hipGraphExecDestroy(self.exec);
+            let _ = sys::hipGraphDestroy(self.graph);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -29,6 +29,7 @@ pub mod status;
 mod backend;
 
 use std::fmt::Debug;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use crate::{Error, Result, Storage};
 
@@ -153,6 +154,17 @@ pub trait Device: Send + Sync + Sized + 'static {
     unsafe fn launch(&self, name: &'static str, cfg: LaunchCfg, params: &[u8]) -> Result<()>;
     /// Waits until all queued work is done.
     fn synchronize(&self) -> Result<()>;
+
+    /// A recorded sequence of launches ([`Device::end_capture`]): a CUDA or HIP graph.
+    type Graph;
+    /// Starts recording: the launches queued from now until [`Device::end_capture`] are recorded
+    /// into a graph instead of run. [`Gpu`] refuses memory traffic and synchronisation meanwhile.
+    fn begin_capture(&self) -> Result<()>;
+    /// Stops recording and returns the graph of the launches queued since `begin_capture`; an
+    /// error when it recorded none, or when the device gave up the capture (an illegal call).
+    fn end_capture(&self) -> Result<Self::Graph>;
+    /// Queues the recorded launches again, each with the params it was recorded with.
+    fn replay(&self, graph: &Self::Graph) -> Result<()>;
 }
 
 /// A tensor's memory on a device.
@@ -180,12 +192,103 @@ pub struct Gpu<D: Device> {
     status: std::sync::Mutex<D::Buffer>,
     /// Device scratch the launchers keep between calls: (owner, part, buffer).
     scratch: std::sync::Mutex<Vec<(&'static str, usize, D::Buffer)>>,
+    /// How many scratch buffers were replaced by larger ones (freeing the old): a graph recorded
+    /// before a replacement would use freed memory.
+    scratch_moves: AtomicU64,
+    /// Set while [`Gpu::capture`] records.
+    recording: AtomicBool,
+    /// Kernel launches queued (see [`Gpu::launches`]).
+    launches: AtomicUsize,
+}
+
+/// A graph of a [`Gpu`]'s launches ([`Backend::capture`](crate::Backend::capture)), with the
+/// scratch generation it was recorded in.
+pub struct GpuGraph<G> {
+    graph: G,
+    scratch_moves: u64,
+    launches: usize,
+}
+
+impl<G> crate::Recorded for GpuGraph<G> {
+    fn launches(&self) -> usize {
+        self.launches
+    }
+}
+
+impl<G> Debug for GpuGraph<G> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuGraph").field("launches", &self.launches).finish()
+    }
 }
 
 impl<D: Device> Gpu<D> {
     pub fn new(device: D) -> Result<Self> {
         let status = device.alloc(status::STATUS_BYTES)?;
-        Ok(Gpu { device, status: std::sync::Mutex::new(status), scratch: std::sync::Mutex::new(Vec::new()) })
+        Ok(Gpu {
+            device,
+            status: std::sync::Mutex::new(status),
+            scratch: std::sync::Mutex::new(Vec::new()),
+            scratch_moves: AtomicU64::new(0),
+            recording: AtomicBool::new(false),
+            launches: AtomicUsize::new(0),
+        })
+    }
+
+    /// An error when a capture is recording: what `what` would do (allocate, copy, wait) cannot
+    /// be part of a graph, and CUDA would abandon the capture over it.
+    pub(crate) fn not_recording(&self, what: &str) -> Result<()> {
+        if self.recording.load(Ordering::Relaxed) {
+            return Err(Error::Device {
+                device: self.device.name().into(),
+                msg: format!(
+                    "{what} while recording a graph (a captured step may only launch kernels; run it \
+                     once unrecorded first so that its scratch exists)"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Records the launches `f` queues (see [`Backend::capture`](crate::Backend::capture)).
+    pub(crate) fn capture(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<GpuGraph<D::Graph>> {
+        self.not_recording("starting a capture")?;
+        let moves = self.scratch_moves.load(Ordering::Relaxed);
+        let launches = self.launches.load(Ordering::Relaxed);
+        self.device.begin_capture()?;
+        self.recording.store(true, Ordering::Relaxed);
+        let ran = f();
+        self.recording.store(false, Ordering::Relaxed);
+        // Ended whatever `f` returned, so the device is never left recording.
+        let graph = self.device.end_capture();
+        ran?;
+        let graph = graph?;
+        if self.scratch_moves.load(Ordering::Relaxed) != moves {
+            return Err(Error::Device {
+                device: self.device.name().into(),
+                msg: "a scratch buffer moved while recording a graph".into(),
+            });
+        }
+        Ok(GpuGraph {
+            graph,
+            scratch_moves: moves,
+            launches: self.launches.load(Ordering::Relaxed) - launches,
+        })
+    }
+
+    /// Replays `graph` unless a scratch buffer moved since it was recorded (then `Ok(false)`).
+    pub(crate) fn replay(&self, graph: &GpuGraph<D::Graph>) -> Result<bool> {
+        self.not_recording("replaying a graph")?;
+        if graph.scratch_moves != self.scratch_moves.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        self.device.replay(&graph.graph)?;
+        Ok(true)
+    }
+
+    /// Kernel launches queued through this backend so far (recorded ones included; replays
+    /// not).
+    pub fn launches(&self) -> usize {
+        self.launches.load(Ordering::Relaxed)
     }
 
     /// Runs `f` with the device addresses of `owner`'s scratch buffers, part `i` at least
@@ -206,11 +309,14 @@ impl<D: Device> Gpu<D> {
             let at = match held.iter().position(|(o, p, _)| *o == owner && *p == part) {
                 Some(at) if D::len(&held[at].2) >= want => at,
                 Some(at) => {
+                    self.not_recording(&format!("growing the scratch of {owner}"))?;
                     self.device.synchronize()?;
                     held[at].2 = self.device.alloc(size)?;
+                    self.scratch_moves.fetch_add(1, Ordering::Relaxed);
                     at
                 }
                 None => {
+                    self.not_recording(&format!("allocating the scratch of {owner}"))?;
                     held.push((owner, part, self.device.alloc(size)?));
                     held.len() - 1
                 }
@@ -274,7 +380,9 @@ impl<D: Device> Gpu<D> {
             )));
         }
         // SAFETY: forwarded from the caller.
-        unsafe { self.device.launch(name, cfg, bytemuck::bytes_of(params)) }
+        unsafe { self.device.launch(name, cfg, bytemuck::bytes_of(params)) }?;
+        self.launches.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 }
 
@@ -317,3 +425,6 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod capture_tests;

@@ -176,6 +176,8 @@ fn with_scratch<T: Copy + 'static, R>(
 
 impl Backend for Fast {
     type Storage = HostStorage;
+    /// The CPU records nothing: `capture` is `Ok(None)`.
+    type Graph = std::convert::Infallible;
 
     fn name(&self) -> &'static str {
         "cpu"

@@ -51,6 +51,8 @@ pub struct Reference;
 
 impl Backend for Reference {
     type Storage = HostStorage;
+    /// The CPU records nothing: `capture` is `Ok(None)`.
+    type Graph = std::convert::Infallible;
 
     fn name(&self) -> &'static str {
         "cpu-ref"
