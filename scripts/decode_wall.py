@@ -6,8 +6,8 @@ RUN_LOG holds the JSON line of `memwall run --json`, PEAK_LOG the JSON array of 
 --json` (CUDA or CPU). The wall is `memwall wall`'s, for SHAPE (preset or config.json) in bf16 at
 batch 1, at the mean context of the decode steps, with the bandwidth the highest copy figure of
 the peak (SM copy or copy engine, bytes read + written): its bytes per token come from src/wall.
-Prints one line, `decode <model> bf16 batch 1 context <L> on <backend>: <tok/s> tok/s = <pct>% of
-the wall <wall> tok/s (...)`, and writes the inputs and the wall's row to OUT_JSON.
+Prints one line, `decode <model> bf16 batch 1 context <L> on <backend>, <graphs or op by op>:
+<tok/s> tok/s = <pct>% of the wall <wall> tok/s (...)`, and writes the inputs and the wall's row to OUT_JSON.
 """
 
 import json
@@ -42,8 +42,11 @@ def main():
     rows = json.loads(subprocess.run(wall_cmd, check=True, capture_output=True, text=True).stdout)
     row = next(r for r in rows if r["device_source"] == "measured")
     gb = row["bytes_per_token"] / 1e9
+    graphs = run.get("graphs", {})
+    how = (f"{graphs.get('replayed_steps', 0)} of {timing['decode_steps']} steps replayed as graphs"
+           if graphs.get("enabled") else "op by op (--eager)")
     print(
-        f"decode {row['model']} bf16 batch 1 context {context} on {run['backend']}: {tok_s:.1f} tok/s = "
+        f"decode {row['model']} bf16 batch 1 context {context} on {run['backend']}, {how}: {tok_s:.1f} tok/s = "
         f"{100 * row['achieved_fraction_of_wall']:.1f}% of the wall {row['wall_tokens_per_s']:.1f} tok/s "
         f"(measured copy peak {copy:.1f} GB/s / {gb:.3f} GB read per token; {100 * tok_s * gb / read:.1f}% "
         f"of the read peak {read:.1f} GB/s; {timing['decode_tokens']} tokens in {timing['decode_s']:.2f} s, "

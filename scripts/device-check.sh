@@ -24,8 +24,9 @@
 #      without a device stops it there), `memwall synth` writes a Llama-3.1-8B-shaped checkpoint
 #      of random bf16 weights (16 GB) on that machine (the RAM disk when it has room, else local
 #      disk; never carried), `memwall run --backend cuda` decodes 256 tokens after a 16-token
-#      prompt at batch 1, and scripts/decode_wall.py puts the decode tokens/s beside `memwall
-#      wall`'s wall: measured copy peak / bytes read per token (src/wall);
+#      prompt at batch 1 (decode steps replayed as CUDA graphs), and scripts/decode_wall.py puts
+#      the decode tokens/s beside `memwall wall`'s wall: measured copy peak / bytes read per token
+#      (src/wall); then the same decode with `--eager` (op by op), against the same wall;
 #   6. prints one line per step (pass/fail, seconds), then the results: one line per kernel and
 #      shape (GB/s, % of the copy peak, vs cuBLAS; GEMM in TFLOP/s, vs cuBLAS) and the decode's
 #      tokens/s against its wall. Every log goes to DIR (default $OUT, else
@@ -47,7 +48,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pack=target/device-check
-suites=(gpu_stream gpu_linear gpu_select gpu_attention gpu_elementwise gpu_rows gpu_model cuda_nvrtc cuda_build)
+suites=(gpu_stream gpu_linear gpu_select gpu_attention gpu_elementwise gpu_rows gpu_model gpu_graphs cuda_nvrtc cuda_build)
 
 build() {
   bash scripts/setup.sh
@@ -151,10 +152,17 @@ e2e() {
   show 's/^wrote/    wrote/p' synth | tee -a "$results/summary.txt"
   step "decode-$backend" 180 "$bin/memwall" run --backend "$backend" --model "$ckpt" \
     --tokens "$prompt" --max-new-tokens 256 --kv-dtype bf16 --json
-  rm -rf "$ckpt"
   step decode-wall 30 python3 scripts/decode_wall.py "$bin/memwall" "$results/decode-$backend.log" \
     "$results/peak-$backend-json.log" "$shape" "$results/decode-wall.json"
   show '/^decode /p' decode-wall >>"$results/results.txt"
+  # The same decode op by op (--eager: no graph replay), for what the graphs save.
+  step "decode-$backend-eager" 120 "$bin/memwall" run --backend "$backend" --model "$ckpt" \
+    --tokens "$prompt" --max-new-tokens 256 --kv-dtype bf16 --json --eager
+  rm -rf "$ckpt"
+  step decode-wall-eager 30 python3 scripts/decode_wall.py "$bin/memwall" \
+    "$results/decode-$backend-eager.log" "$results/peak-$backend-json.log" "$shape" \
+    "$results/decode-wall-eager.json"
+  show '/^decode /p' decode-wall-eager >>"$results/results.txt"
 }
 
 run() {
@@ -178,7 +186,7 @@ run() {
   # The host-side CUDA tests (NVRTC needs libnvrtc there; a missing one fails, as in CI).
   step cuda_build 60 "$bin/cuda_build"
   step cuda_nvrtc 180 "$bin/cuda_nvrtc" --test-threads=2
-  for s in gpu_stream gpu_elementwise gpu_rows gpu_select gpu_linear gpu_attention gpu_model; do
+  for s in gpu_stream gpu_elementwise gpu_rows gpu_select gpu_linear gpu_attention gpu_model gpu_graphs; do
     step "$s" 240 "$bin/$s" --ignored --test-threads=1
   done
   # The SM-driven ceiling (stream.cu read and copy, 4 GiB) and the copy engine, vs the datasheet.
