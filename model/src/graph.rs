@@ -8,7 +8,7 @@
 //!
 //! ```text
 //! Hidden = embed[Ids]
-//! Normed = rms_norm(Hidden, attn_norm[l]);  Q, K, V = Normed . Wq/Wk/Wv^T
+//! Normed = rms_norm(Hidden, attn_norm[l]);  Q, K, V = Normed . Wq/Wk/Wv^T   (one qkv op)
 //! rope(Q), rope(K);  kv_store(K, V -> cache[l]);  Attn = attention(Q, cache[l])
 //! Proj = Attn . Wo^T;  Hidden += Proj
 //! Normed = rms_norm(Hidden, mlp_norm[l])
@@ -146,6 +146,9 @@ pub enum Op {
     RmsNorm { x: Buf, weight: NormRef, out: Buf },
     /// `y = x . W^T`.
     Linear { x: Buf, w: MatRef, y: Buf },
+    /// `y[i] = x . W[i]^T` for the q, k and v projections, one op (the backend's `qkv`: on a GPU
+    /// one launch for decode rows).
+    Qkv { x: Buf, w: [MatRef; 3], y: [Buf; 3] },
     /// Rotary embedding of `x` viewed as `[R, heads, head_dim]`, at `Positions`.
     Rope { x: Buf, heads: usize },
     /// `K`, `V` into layer `layer`'s cache at (`Slots`, `Positions`).
@@ -183,9 +186,11 @@ impl Graph {
         for l in 0..c.num_layers {
             body.extend([
                 Op::RmsNorm { x: Buf::Hidden, weight: NormRef::Attn(l), out: Buf::Normed },
-                Op::Linear { x: Buf::Normed, w: MatRef::Q(l), y: Buf::Q },
-                Op::Linear { x: Buf::Normed, w: MatRef::K(l), y: Buf::K },
-                Op::Linear { x: Buf::Normed, w: MatRef::V(l), y: Buf::V },
+                Op::Qkv {
+                    x: Buf::Normed,
+                    w: [MatRef::Q(l), MatRef::K(l), MatRef::V(l)],
+                    y: [Buf::Q, Buf::K, Buf::V],
+                },
                 Op::Rope { x: Buf::Q, heads: c.num_heads },
                 Op::Rope { x: Buf::K, heads: c.num_kv_heads },
                 Op::KvStore { layer: l },
@@ -281,6 +286,7 @@ impl Op {
             Op::Embedding { .. } => "embedding",
             Op::RmsNorm { .. } => "rms_norm",
             Op::Linear { .. } => "linear",
+            Op::Qkv { .. } => "qkv",
             Op::Rope { .. } => "rope",
             Op::KvStore { .. } => "kv_store",
             Op::Attention { .. } => "attention",
@@ -301,6 +307,7 @@ impl std::fmt::Display for Op {
             Op::Embedding { ids, out } => write!(f, "{n} Embed[{ids:?}] -> {out:?}"),
             Op::RmsNorm { x, weight, out } => write!(f, "{n} {x:?} * {weight:?} -> {out:?}"),
             Op::Linear { x, w, y } => write!(f, "{n} {x:?} . {w:?} -> {y:?}"),
+            Op::Qkv { x, w, y } => write!(f, "{n} {x:?} . {w:?} -> {y:?}"),
             Op::Rope { x, heads } => write!(f, "{n} {x:?} ({heads} heads) at Positions"),
             Op::KvStore { layer } => write!(f, "{n} K, V -> cache[{layer}] at Slots, Positions"),
             Op::Attention { layer } => write!(f, "{n} Q over cache[{layer}] -> Attn"),

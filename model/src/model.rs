@@ -176,6 +176,14 @@ impl<B: Backend> Model<B> {
                 .map_or(0, |b| b.read());
                 OpCost { bytes_read: bytes, flops: 4 * s.attended * c.q_dim() as u64 }
             }
+            Op::Qkv { w, .. } => match (self.matrix(w[0]), self.matrix(w[1]), self.matrix(w[2])) {
+                // The three weights and their scales once, x once (in q's `read`), y written.
+                (Ok(q), Ok(k), Ok(v)) => {
+                    let flops = [q, k, v].iter().map(|w| linear(w, rows).flops).sum();
+                    OpCost { bytes_read: traffic(q, rows).read() + linear_bytes(k) + linear_bytes(v), flops }
+                }
+                _ => OpCost::default(),
+            },
             Op::GateUpSilu { gate, up, .. } => match (self.matrix(*gate), self.matrix(*up)) {
                 // Both weights and their scales once, x once (in gate's `read`), as the fused
                 // kernel reads them (`cost::gate_up_silu_traffic`); the products never reach memory.

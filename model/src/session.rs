@@ -932,6 +932,19 @@ impl<'m, B: Backend> Session<'m, B> {
                 ws.put(Buf::Attn, o3.reshape(&shape)?);
                 r?;
             }
+            Op::Qkv { x, w, y } => {
+                let (mut q, mut k, mut v) = (ws.take(y[0])?, ws.take(y[1])?, ws.take(y[2])?);
+                let r = match (model.matrix(w[0]), model.matrix(w[1]), model.matrix(w[2])) {
+                    (Ok(wq), Ok(wk), Ok(wv)) => {
+                        ws.get(*x).and_then(|x| Ok(b.qkv(x, [wq, wk, wv], [&mut q, &mut k, &mut v])?))
+                    }
+                    (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => Err(e),
+                };
+                ws.put(y[0], q);
+                ws.put(y[1], k);
+                ws.put(y[2], v);
+                r?;
+            }
             Op::GateUpSilu { x, gate, up, scratch, out } => {
                 let (mut g, mut u, mut o) = (ws.take(scratch.0)?, ws.take(scratch.1)?, ws.take(*out)?);
                 let r = b.gate_up_silu(

@@ -28,8 +28,7 @@ fn decode_step_bytes_equal_a_hand_count() {
     let linear = |n: u64, k: u64| n * k * bf16 + k * f32b;
     let norm = h * f32b + h * bf16;
     let per_layer = norm
-        + linear(q_dim, h)
-        + 2 * linear(kv_dim, h)
+        + ((q_dim + 2 * kv_dim) * h * bf16 + h * f32b) // qkv: the three weights, the input row once
         + (q_dim * f32b + 4)       // rope on q: the row and its position
         + (kv_dim * f32b + 4)      // rope on k
         + (2 * kv_dim * f32b + 8)  // kv_store: k and v rows, slot and position

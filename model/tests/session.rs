@@ -132,21 +132,21 @@ fn op_list_accounts_weights_once_per_decode_step() {
     let mut linear_bytes = 0u64;
     let mut linear_flops = 0u64;
     for op in m.graph.step_ops(false) {
-        if let Op::Linear { .. } | Op::GateUpSilu { .. } = op {
+        if let Op::Linear { .. } | Op::Qkv { .. } | Op::GateUpSilu { .. } = op {
             let cost = m.op_cost(op, &shape, DType::F32);
             linear_bytes += cost.bytes_read;
             linear_flops += cost.flops;
         }
     }
     // Every matrix but the embedding is read once (bf16), plus its f32 input row (once for gate
-    // and up together); the SiLU product is 6 FLOPs per intermediate element.
+    // and up together, once for q, k and v); the SiLU product is 6 FLOPs per intermediate element.
     let p = c.param_counts();
     let matrices = p.total() - p.embedding - p.final_norm - p.layers * p.norms;
     let inputs: u64 = m
         .graph
         .step_ops(false)
         .filter_map(|op| match op {
-            Op::Linear { w, .. } | Op::GateUpSilu { gate: w, .. } => {
+            Op::Linear { w, .. } | Op::Qkv { w: [w, ..], .. } | Op::GateUpSilu { gate: w, .. } => {
                 Some(m.matrix(*w).unwrap().weight.shape()[1] as u64 * 4)
             }
             _ => None,

@@ -125,6 +125,20 @@ pub trait Backend: Send + Sync {
     ) -> Result<()> {
         gate_up_silu_composed(self, d, x, w_gate, w_up, scratch, out)
     }
+    /// `qkv` (see [`Backend::qkv`]) with the dims of each product; by default three
+    /// `exec_linear`.
+    fn exec_qkv(
+        &self,
+        d: [LinearDims; 3],
+        x: &Tensor<Self::Storage>,
+        w: [&Linear<Self::Storage>; 3],
+        y: [&mut Tensor<Self::Storage>; 3],
+    ) -> Result<()> {
+        let [q, k, v] = y;
+        self.exec_linear(d[0], x, w[0], q)?;
+        self.exec_linear(d[1], x, w[1], k)?;
+        self.exec_linear(d[2], x, w[2], v)
+    }
     fn exec_add_assign(
         &self,
         d: RowsDims,
@@ -320,6 +334,20 @@ pub trait Backend: Send + Sync {
     ) -> Result<()> {
         let d = ops::check_gate_up_silu(x, w_gate, w_up, (&*scratch.0, &*scratch.1), out)?;
         self.exec_gate_up_silu(d, x, w_gate, w_up, scratch, out)
+    }
+
+    /// `y[i] = x . w[i]^T` for i in 0..3: attention's q, k and v projections, which read the same
+    /// x, as one op (a GPU runs them as one launch at decode, so the narrow k and v products fill
+    /// the device together with q). Each product is [`Backend::linear`]'s: any weight dtype and
+    /// scale, its own y dtype and width; one `x` `[m, k]` for all three.
+    fn qkv(
+        &self,
+        x: &Tensor<Self::Storage>,
+        w: [&Linear<Self::Storage>; 3],
+        y: [&mut Tensor<Self::Storage>; 3],
+    ) -> Result<()> {
+        let d = ops::check_qkv(x, w, [&*y[0], &*y[1], &*y[2]])?;
+        self.exec_qkv(d, x, w, y)
     }
 
     /// `x += y` (the residual connection).
@@ -561,6 +589,9 @@ impl<B: Backend, H: Hook> Backend for Wrapped<B, H> {
         out: &mut T<B>,
     ) -> Result<()> {
         self.inner.exec_gate_up_silu(d, x, w_gate, w_up, scratch, out)
+    }
+    fn exec_qkv(&self, d: [LinearDims; 3], x: &T<B>, w: [&L<B>; 3], y: [&mut T<B>; 3]) -> Result<()> {
+        self.inner.exec_qkv(d, x, w, y)
     }
 
     fn exec_embedding(&self, d: GatherDims, table: &L<B>, ids: &T<B>, out: &mut T<B>) -> Result<()> {

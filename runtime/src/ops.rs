@@ -358,6 +358,29 @@ pub fn check_linear<S: Storage>(x: &Tensor<S>, w: &Linear<S>, y: &Tensor<S>) -> 
     Ok(LinearDims { m, n, k })
 }
 
+/// `y[i] = x . w[i]^T` for attention's q, k and v projections (`qkv`): each product checked as
+/// [`check_linear`] checks one, its weight, scale and output named `w_q`, `q_scale`, `y_q` (and
+/// `_k`, `_v`) in errors; all three read the one `x` `[m, k]`.
+pub fn check_qkv<S: Storage>(
+    x: &Tensor<S>,
+    w: [&Linear<S>; 3],
+    y: [&Tensor<S>; 3],
+) -> Result<[LinearDims; 3]> {
+    let op = "qkv";
+    let names = [("w_q", "q_scale", "y_q"), ("w_k", "k_scale", "y_k"), ("w_v", "v_scale", "y_v")];
+    expect_dtype(op, "x", x.dtype(), &DType::ACTIVATIONS)?;
+    let mut dims = [LinearDims { m: 0, n: 0, k: 0 }; 3];
+    for (i, (w_name, scale_name, y_name)) in names.into_iter().enumerate() {
+        let (n, k) = check_named_weight(op, (w_name, scale_name), w[i])?;
+        let [m, _] = expect_shape(op, "x", x.shape(), [None, Some(k)])?;
+        nonempty(op, "x", x.shape())?;
+        expect_dtype(op, y_name, y[i].dtype(), &DType::ACTIVATIONS)?;
+        expect_shape(op, y_name, y[i].shape(), [Some(m), Some(n)])?;
+        dims[i] = LinearDims { m, n, k };
+    }
+    Ok(dims)
+}
+
 /// How a weight is scaled, for [`check_gate_up_silu`]: the kind, the scale dtype and the block
 /// shape, never the scale values (two per-tensor scales may differ).
 fn scale_kind<S: Storage>(scale: &WeightScale<S>) -> String {
