@@ -17,6 +17,11 @@
 //                          `gate_up_silu` op): out[i][j] = silu(x_i . Gate_real_j) * (x_i . Up_real_j),
 //                          gate and up [n, k] of the same dtype <w>, scaled alike (as above, the
 //                          plain kernels with one scale each); out f32 [m, n]; m <= R rows
+// qkv_<w>[_block_<s>]_r<R>  three gemv_<w>[_block_<s>]_r<R> over one x in one launch (the `qkv`
+//                          op: attention's q, k and v projections): the grid is cut into three
+//                          runs of blocks, one per product, each running the gemv algorithm below
+//                          over its own weight, scales, n and y (QkvParams); the same results as
+//                          three gemv launches with those grids
 // linear_x_f32_<t>         out[i] = x[i] widened to f32, t in {bf16, f16}
 //
 // Launch (runtime/src/gpu/ops/linear.rs): GEMV_WARPS warps per block, one warp per output j
@@ -168,15 +173,17 @@ MW_DEV void chunk_dot(const Words& w, const LinearParams& p, uint64_t l0, float 
     for (int r = 0; r < R; ++r) dot[r] = dots[0][r];
 }
 
+// The GEMV over `blocks` blocks of which this is block `block` (the whole grid for gemv; a share
+// of it for qkv).
 template <typename W, typename Scale, int R>
-MW_DEV void gemv(const LinearParams& p) {
+MW_DEV void gemv_blocks(const LinearParams& p, uint32_t block, uint32_t blocks) {
     constexpr int VEC = 16 / sizeof(W);
     const int lane = threadIdx.x % MW_WARP;
-    const uint64_t warps = uint64_t(gridDim.x) * GEMV_WARPS;
+    const uint64_t warps = uint64_t(blocks) * GEMV_WARPS;
     const bool vec = (p.k * sizeof(W)) % 16 == 0 && aligned16(p.weight) && aligned16(p.x) &&
                      (!Scale::BLOCKS || p.block_cols % VEC == 0);
     const uint64_t chunks = vec ? p.k / VEC : 0;
-    for (uint64_t j = uint64_t(blockIdx.x) * GEMV_WARPS + threadIdx.x / MW_WARP; j < p.n; j += warps) {
+    for (uint64_t j = uint64_t(block) * GEMV_WARPS + threadIdx.x / MW_WARP; j < p.n; j += warps) {
         const W* w_row = reinterpret_cast<const W*>(p.weight) + j * p.k;
         const Words* w_words = reinterpret_cast<const Words*>(w_row);
         float acc[R];
@@ -218,6 +225,32 @@ MW_DEV void gemv(const LinearParams& p) {
     }
 }
 
+template <typename W, typename Scale, int R>
+MW_DEV void gemv(const LinearParams& p) {
+    gemv_blocks<W, Scale, R>(p, blockIdx.x, gridDim.x);
+}
+
+// Each block runs the GEMV of its part over that part's blocks. The part's params are selected
+// field by field (a copy under block-uniform conditions), never indexed by a runtime value, so
+// they stay in registers.
+template <typename W, typename Scale, int R>
+MW_DEV void qkv(const QkvParams& p) {
+    const uint32_t b = blockIdx.x;
+    const uint32_t b01 = p.blocks[0] + p.blocks[1];
+    LinearParams part = p.part[0];
+    uint32_t first = 0, count = p.blocks[0];
+    if (b >= b01) {
+        part = p.part[2];
+        first = b01;
+        count = gridDim.x - b01;
+    } else if (b >= p.blocks[0]) {
+        part = p.part[1];
+        first = p.blocks[0];
+        count = p.blocks[1];
+    }
+    gemv_blocks<W, Scale, R>(part, b - first, count);
+}
+
 // p.gate carries the shape, x, the gate weight and scales, and out as its f32 y.
 template <typename W, typename Scale, int R>
 MW_DEV void gate_up_silu(const GateUpParams& p) {
@@ -245,7 +278,7 @@ MW_DEV void gate_up_silu(const GateUpParams& p) {
 
 }  // namespace mw_gemv
 
-// Each kernel family (gemv, gate_up_silu) x row tile, for one weight dtype and scale kind.
+// Each kernel family (gemv, qkv, gate_up_silu) x row tile, for one weight dtype and scale kind.
 #define MW_GEMV_ROWS(family, Params, wname, W, Scale, sname)                                           \
     MW_KERNEL_BOUNDS(family##_##wname##sname##_r1, Params, mw_gemv::GEMV_THREADS) {                  \
         mw_gemv::family<W, Scale, 1>(p);                                                             \
@@ -258,6 +291,7 @@ MW_DEV void gate_up_silu(const GateUpParams& p) {
     }
 #define MW_GEMV_KINDS(wname, W, Scale, sname)                                                        \
     MW_GEMV_ROWS(gemv, LinearParams, wname, W, Scale, sname)                                         \
+    MW_GEMV_ROWS(qkv, QkvParams, wname, W, Scale, sname)                                             \
     MW_GEMV_ROWS(gate_up_silu, GateUpParams, wname, W, Scale, sname)
 #define MW_GEMV_PLAIN(wname, W, _) MW_GEMV_KINDS(wname, W, mw_linear::NoBlocks, )
 #define MW_GEMV_BLOCK_F32(wname, W, _) MW_GEMV_KINDS(wname, W, mw_linear::Blocks<float>, _block_f32)

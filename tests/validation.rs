@@ -41,6 +41,7 @@ on_both_backends!(
     mapped_weights_are_read_in_place,
     linear_errors,
     gate_up_silu_errors,
+    qkv_errors,
     rms_norm_errors,
     rope_errors,
     elementwise_errors,
@@ -627,6 +628,57 @@ fn gate_up_silu_errors(b: &impl HostBackend) {
             expect(b, "scratch or out", b.gate_up_silu(&x, &good, &good, (&mut g, &mut u), &mut o), want);
         }
     }
+}
+
+/// `qkv`: each product checked as `linear`, under its own names (`w_k`, `v_scale`, `y_q`, ...);
+/// one x for all three. Nothing is written on an error.
+fn qkv_errors(b: &impl HostBackend) {
+    let op = "qkv";
+    let (m, k, widths) = (2, 7, [6, 3, 3]);
+    let x = z(b, DType::F32, &[m, k]);
+    let good: Vec<_> = widths.iter().map(|&n| Linear::plain(z(b, DType::BF16, &[n, k]))).collect();
+    let ys = || widths.map(|n| poisoned(b, DType::F32, &[m, n]));
+    let run = |x: &HostTensor, w: [&Linear<HostStorage>; 3], mut y: [HostTensor; 3]| {
+        let [q, kk, v] = &mut y;
+        let r = b.qkv(x, w, [q, kk, v]);
+        for t in &y {
+            assert_poisoned(b, "qkv output after an error", t);
+        }
+        r
+    };
+    let [wq, wk, wv] = [&good[0], &good[1], &good[2]];
+    let u32_k = Linear::plain(z(b, DType::U32, &[3, k]));
+    expect(b, "u32 w_k", run(&x, [wq, &u32_k, wv], ys()), dtype(op, "w_k", DType::U32, &DType::FLOATS));
+    let scaled_v =
+        Linear { weight: z(b, DType::BF16, &[3, k]), scale: WeightScale::PerChannel(z(b, DType::F32, &[4])) };
+    expect(
+        b,
+        "v scale shape",
+        run(&x, [wq, wk, &scaled_v], ys()),
+        shape(op, "v_scale", &[4], "[3] or [3, 1]"),
+    );
+    let narrow_q = Linear::plain(z(b, DType::BF16, &[6, k + 1]));
+    expect(
+        b,
+        "q of another k",
+        run(&x, [&narrow_q, wk, wv], ys()),
+        shape(op, "x", &[m, k], &format!("[_, {}]", k + 1)),
+    );
+    expect(
+        b,
+        "u8-like x",
+        run(&z(b, DType::F8E4M3Fn, &[m, k]), [wq, wk, wv], ys()),
+        dtype(op, "x", DType::F8E4M3Fn, &DType::ACTIVATIONS),
+    );
+    for (i, name) in ["y_q", "y_k", "y_v"].into_iter().enumerate() {
+        let mut y = ys();
+        y[i] = poisoned(b, DType::F32, &[m + 1, widths[i]]);
+        let want = shape(op, name, &[m + 1, widths[i]], &format!("[{m}, {}]", widths[i]));
+        expect(b, "y shape", run(&x, [wq, wk, wv], y), want);
+    }
+    let mut y = ys();
+    y[2] = poisoned(b, DType::U32, &[m, widths[2]]);
+    expect(b, "u32 y_v", run(&x, [wq, wk, wv], y), dtype(op, "y_v", DType::U32, &DType::ACTIVATIONS));
 }
 
 fn rms_norm_errors(b: &impl HostBackend) {

@@ -52,3 +52,14 @@ struct GateUpParams {
     uint32_t pad;
 };
 MW_LAYOUT(GateUpParams, gate, up, up_scales, up_scale, pad)
+
+/* qkv_<w>[_block_<s>]_r<R>: three GEMVs over one x, one launch (attention's q, k and v
+ * projections): part[i] is the LinearParams of product i as for gemv_<w>[_block_<s>]_r<R> (its own
+ * weight, scales or scale, n, y and y_dtype; x, m and k the same in all three; the weights of
+ * one dtype <w> and scale kind). Blocks [0, blocks[0]) compute part 0, the next blocks[1] part 1,
+ * the rest of the grid part 2. */
+struct QkvParams {
+    struct LinearParams part[3];
+    uint32_t blocks[2];
+};
+MW_LAYOUT(QkvParams, part, blocks)

@@ -93,6 +93,10 @@ impl<D: Device> Backend for Gpu<D> {
         ops::linear::gate_up_silu(self, d, x, w_gate, w_up, scratch, out)
     }
 
+    fn exec_qkv(&self, d: [LinearDims; 3], x: &T<D>, w: [&L<D>; 3], y: [&mut T<D>; 3]) -> Result<()> {
+        ops::linear::qkv(self, d, x, w, y)
+    }
+
     fn exec_add_assign(&self, d: RowsDims, x: &mut T<D>, y: &T<D>) -> Result<()> {
         ops::elementwise::add_assign(self, d, x, y)
     }

@@ -58,8 +58,18 @@ pub struct GateUpParams {
     pub pad: u32,
 }
 
+/// `QkvParams` of `kernels-cuda/params/linear.h`: three GEMVs over one x, the grid cut into runs
+/// of blocks (`blocks[0]` for part 0, `blocks[1]` for part 1, the rest for part 2).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct QkvParams {
+    pub part: [LinearParams; 3],
+    pub blocks: [u32; 2],
+}
+
 const _: () = {
     use std::mem::{offset_of, size_of};
+    assert!(size_of::<QkvParams>() == 224 && offset_of!(QkvParams, blocks) == 216);
     assert!(size_of::<GateUpParams>() == 96);
     assert!(offset_of!(GateUpParams, up) == 72 && offset_of!(GateUpParams, up_scale) == 88);
     assert!(size_of::<LinearParams>() == 72);
@@ -135,7 +145,7 @@ pub fn kernel_names() -> Vec<&'static str> {
     let mut names = vec!["linear_x_f32_bf16", "linear_x_f32_f16"];
     for w in DType::FLOATS {
         for s in [None, Some(DType::F32), Some(DType::BF16)] {
-            for family in ["gemv", "gate_up_silu"] {
+            for family in ["gemv", "qkv", "gate_up_silu"] {
                 names.extend(GEMV_ROW_TILES.iter().filter_map(|&r| kernel_name(family, w, s, Some(r))));
             }
             names.extend(kernel_name("gemm", w, s, None));
@@ -323,6 +333,62 @@ pub(crate) fn gate_up_silu<D: Device>(
     })
 }
 
+/// `qkv`: for at most [`GEMV_MAX_ROWS`] rows and weights of one dtype whose scales pick one
+/// kernel (none or per tensor; or per channel / blocks of one scale dtype), one
+/// `qkv_<w>[_block_<s>]_r<R>` launch whose grid is the three products' GEMV grids end to end, x
+/// widened once; each product computed exactly as `linear` computes it. Otherwise three
+/// `linear`.
+pub(crate) fn qkv<D: Device>(
+    g: &Gpu<D>,
+    d: [LinearDims; 3],
+    x: &T<D>,
+    w: [&Linear<GpuStorage<D::Buffer>>; 3],
+    y: [&mut T<D>; 3],
+) -> Result<()> {
+    let op = "qkv";
+    let scales =
+        [weight_params::<D>(d[0], w[0])?, weight_params::<D>(d[1], w[1])?, weight_params::<D>(d[2], w[2])?];
+    let one_kernel = w.iter().all(|wi| wi.weight.dtype() == w[0].weight.dtype())
+        && scales.iter().all(|s| s.0 == scales[0].0);
+    let rows = gemv_row_tile(d[0].m).filter(|_| one_kernel);
+    let name = rows.and_then(|r| kernel_name(op, w[0].weight.dtype(), scales[0].0, Some(r)));
+    let Some(name) = name else {
+        let [q, k, v] = y;
+        linear(g, d[0], x, w[0], q)?;
+        linear(g, d[1], x, w[1], k)?;
+        return linear(g, d[2], x, w[2], v);
+    };
+    let info = g.device().info();
+    let grids = [gemv_launch(d[0].n, info)?, gemv_launch(d[1].n, info)?, gemv_launch(d[2].n, info)?];
+    let blocks: u64 = grids.iter().map(|c| u64::from(c.grid[0])).sum();
+    let cfg = LaunchCfg { grid: [dim(op, "blocks", blocks as usize)?, 1, 1], ..grids[0] };
+    with_f32_x(g, d[0], x, |x_addr| {
+        let part = |i: usize| {
+            let (_, scales_addr, block_rows, block_cols, scale) = scales[i];
+            LinearParams {
+                y: addr::<D>(&*y[i]),
+                x: x_addr,
+                weight: addr::<D>(&w[i].weight),
+                scales: scales_addr,
+                m: d[i].m as u64,
+                n: d[i].n as u64,
+                k: d[i].k as u64,
+                block_rows,
+                block_cols,
+                scale,
+                y_dtype: y_code(y[i].dtype()),
+            }
+        };
+        let p = QkvParams { part: [part(0), part(1), part(2)], blocks: [grids[0].grid[0], grids[1].grid[0]] };
+        // SAFETY: `check_qkv` checked each product as `check_linear` does (x [m, k], f32 here and
+        // shared; weight [n_i, k] of the kernel's dtype, scales of the kernel's scale dtype and
+        // their shapes; y_i [m, n_i] of its y_dtype); each run of blocks is that product's GEMV
+        // grid-striding over its n_i rows, bounded by m, n_i and k as gemv is, so every access
+        // is inside its buffer; the three y are borrowed mutably (distinct tensors).
+        unsafe { g.launch(name, cfg, &p) }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -367,6 +433,6 @@ mod tests {
             kernel_name("gate_up_silu", DType::F8E4M3Fnuz, Some(DType::F32), Some(4)),
             Some("gate_up_silu_e4m3fnuz_block_f32_r4")
         );
-        assert_eq!(kernel_names().len(), 2 + 7 * 3 * (2 * 3 + 1) + 6 * 3);
+        assert_eq!(kernel_names().len(), 2 + 7 * 3 * (3 * 3 + 1) + 6 * 3);
     }
 }
