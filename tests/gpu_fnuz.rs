@@ -21,16 +21,19 @@
 #![cfg(feature = "emulate")]
 
 mod common;
+#[path = "../runtime/tests/fnuz_kit/mod.rs"]
+mod fnuz_kit;
 #[path = "../model/tests/parity_kit/mod.rs"]
 mod parity_kit;
 
 use common::gpu::linear_to_backend;
 use common::*;
+use fnuz_kit::{Draw, Scheme, fn_weight, same_bits, to_fnuz};
 use memwall::runtime::gpu::Gpu;
 use memwall::runtime::gpu::emu::{EmuDevice, Schedule};
-use memwall_model::{GenerateOptions, Model, Session, SessionOptions};
+use memwall_model::Model;
 use memwall_runtime::cpu::Reference;
-use memwall_runtime::{Backend, DType, HostStorage, HostTensor, Linear, WeightScale, WithNativeE4m3, fp8};
+use memwall_runtime::{Backend, DType, HostStorage, HostTensor, Linear, WithNativeE4m3};
 
 type Emu = Gpu<EmuDevice>;
 
@@ -51,55 +54,28 @@ fn the_warp32_emulator_reads_e4m3fn_and_the_wrapper_fnuz() {
     assert_eq!(Reference.native_e4m3(), DType::F8E4M3Fn);
 }
 
-#[derive(Clone, Copy, Debug)]
-enum Scheme {
-    None,
-    PerTensor,
-    PerChannel(DType),
-    Block(DType, usize, usize),
+impl Draw for Rng {
+    fn bits(&mut self) -> u64 {
+        self.next_u64()
+    }
+    fn values(&mut self, dtype: DType, n: usize) -> Vec<f32> {
+        random_values(self, dtype, n)
+    }
 }
 
-/// A random e4m3fn weight `[n, k]` on the host (every non-NaN code can occur; NaN codes are
-/// replaced by 0x80, fn's -0) with a random scale of `scheme`.
-fn fn_weight(rng: &mut Rng, n: usize, k: usize, scheme: Scheme) -> Linear<HostStorage> {
-    let codes: Vec<u8> = (0..n * k)
-        .map(|_| {
-            let c = (rng.next_u64() >> 56) as u8;
-            if c & 0x7f == 0x7f { 0x80 } else { c }
-        })
-        .collect();
-    let weight = Reference.upload(DType::F8E4M3Fn, &[n, k], &codes).unwrap();
-    let scale = match scheme {
-        Scheme::None => WeightScale::None,
-        Scheme::PerTensor => WeightScale::PerTensor(random_values(rng, DType::F32, 1)[0]),
-        Scheme::PerChannel(d) => {
-            WeightScale::PerChannel(upload(&Reference, d, &[n, 1], &random_values(rng, d, n)))
-        }
-        Scheme::Block(d, r, c) => {
-            let shape = [n.div_ceil(r), k.div_ceil(c)];
-            let scales = upload(&Reference, d, &shape, &random_values(rng, d, shape[0] * shape[1]));
-            WeightScale::Block { block_rows: r, block_cols: c, scales }
-        }
-    };
-    Linear { weight, scale }
-}
-
-/// `w` converted as the loader converts it (`fp8::linear_to_fnuz` on a host copy), on `b`.
+/// `w` converted as the loader converts it (`fnuz_kit::to_fnuz`), on `b`.
 fn fnuz_on<B: Backend>(b: &B, w: &Linear<HostStorage>) -> Linear<B::Storage> {
-    let mut u = w.upload_to(&Reference).expect("host copy");
-    fp8::linear_to_fnuz(&mut u).expect("an e4m3fn weight without NaN codes");
-    linear_to_backend(b, &u)
+    linear_to_backend(b, &to_fnuz(w))
 }
 
 /// Equal bits, or both an exact zero of either sign.
 fn assert_same_bits(what: &str, a: &[f32], b: &[f32]) {
-    assert_eq!(a.len(), b.len(), "{what}");
-    for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        assert!(x.is_finite(), "{what}: element {i} = {x} (unwritten or overflowed)");
-        assert!(
-            x.to_bits() == y.to_bits() || (*x == 0.0 && *y == 0.0),
-            "{what}: element {i}: {x:e} vs {y:e}"
-        );
+    if let Some(i) = a.iter().position(|x| !x.is_finite()) {
+        panic!("{what}: element {i} = {} (unwritten or overflowed)", a[i]);
+    }
+    let bits = |v: &[f32]| -> Vec<u32> { v.iter().map(|x| x.to_bits()).collect() };
+    if let Err(e) = same_bits(&bits(a), &bits(b)) {
+        panic!("{what}: {e}");
     }
 }
 
@@ -162,20 +138,6 @@ fn converted_weights_give_the_same_products_on_the_emulator() {
     }
 }
 
-fn logits<B: Backend>(m: &Model<B>) -> Vec<f32>
-where
-    B::Storage: 'static,
-{
-    let mut s = Session::new(
-        m,
-        SessionOptions { max_batch: 2, capacity: 16, cache_dtype: DType::F32, ..Default::default() },
-    )
-    .unwrap();
-    let opts = GenerateOptions { max_new_tokens: 3, record_logits: true, ..Default::default() };
-    let g = s.generate(&[vec![5, 9, 33, 60, 200], vec![1, 63]], &opts).expect("generate");
-    (0..2).flat_map(|i| [g.prefill_logits[i].clone(), g.decode_logits[i].clone()]).flatten().collect()
-}
-
 #[test]
 fn published_fp8_fixture_converted_on_the_emulator() {
     let case = "llama_fp8_channel";
@@ -186,6 +148,7 @@ fn published_fp8_fixture_converted_on_the_emulator() {
     assert_eq!(plain.report.stats.converted_tensors, 0);
     assert_eq!(converted.report.stats.converted_tensors, 14, "2 layers x 7 fp8 projections");
     assert_eq!(converted.weights.layers[0].q.weight.dtype(), DType::F8E4M3Fnuz);
-    let (a, b) = (logits(&plain), logits(&converted));
+    let prompts: [&[u32]; 2] = [&[5, 9, 33, 60, 200], &[1, 63]];
+    let (a, b) = (parity_kit::logits(&plain, &prompts), parity_kit::logits(&converted, &prompts));
     assert_same_bits("fixture logits", &a, &b);
 }

@@ -3,12 +3,14 @@
 //! scale layouts applied exactly, unused tensors reported, and weights used in place.
 
 mod common;
+#[path = "parity_kit/mod.rs"]
+mod parity_kit;
 
 use std::path::{Path, PathBuf};
 
 use common::*;
 use memwall_model::checkpoint::Checkpoint;
-use memwall_model::{CheckpointError, GenerateOptions, Model, ModelError, Session, SessionOptions};
+use memwall_model::{CheckpointError, Model, ModelError};
 use memwall_runtime::{DType, cpu};
 use safetensors::tensor::Dtype;
 use serde_json::{Value, json};
@@ -282,18 +284,12 @@ fn fp8_pair(scheme: &str, scale_dtype: DType, scale_name: &str) -> (Value, Vec<S
     for (name, shape, values) in &w {
         let is_proj = name.ends_with("_proj.weight");
         if is_proj {
-            let (q, sshape, scales, real) = fp8_quantize(values, shape[0], shape[1], scheme);
+            let (q, sshape, scales, _) = fp8_quantize(values, shape[0], shape[1], scheme);
             q_stored.push(encode(name, DType::F8E4M3Fn, shape, &q));
+            let scale = fp8_scale(name, scale_name, scale_dtype, &sshape, &scales);
             // Scales rounded to the stored dtype are what the weights mean.
-            let sbytes = memwall_runtime::dtype::encode_f32(scale_dtype, &scales).unwrap();
-            let scales_r = memwall_runtime::dtype::decode_f32(scale_dtype, &sbytes).unwrap();
-            q_stored.push((
-                name.replace(".weight", &format!(".{scale_name}")),
-                st(scale_dtype),
-                sshape,
-                sbytes,
-            ));
-            let (_, _, _, _) = (&real, 0, 0, 0);
+            let scales_r = memwall_runtime::dtype::decode_f32(scale_dtype, &scale.3).unwrap();
+            q_stored.push(scale);
             let real: Vec<f32> = (0..values.len())
                 .map(|i| {
                     let (j, l) = (i / shape[1], i % shape[1]);
@@ -311,37 +307,18 @@ fn fp8_pair(scheme: &str, scale_dtype: DType, scale_name: &str) -> (Value, Vec<S
             ref_stored.push(encode(name, DType::F32, shape, values));
         }
     }
-    let mut qc = quant_config(scheme);
-    if scheme == "block" {
-        qc["config_groups"]["group_0"]["weights"]["block_structure"] = json!([16, 16]);
-    }
-    cfg["quantization_config"] = qc;
+    cfg["quantization_config"] = fp8_quant_config(scheme);
     (cfg, q_stored, ref_stored)
 }
 
 fn logits_of(dir: &Path) -> Vec<f32> {
     let m = Model::load(cpu::Reference, dir, |_, _| {}).expect("load");
-    let mut s = Session::new(
-        &m,
-        SessionOptions { max_batch: 1, capacity: 16, cache_dtype: DType::F32, ..Default::default() },
-    )
-    .unwrap();
-    let opts = GenerateOptions { max_new_tokens: 3, record_logits: true, ..Default::default() };
-    let g = s.generate(&[vec![5, 9, 33, 60]], &opts).expect("generate");
-    let mut all = g.prefill_logits[0].clone();
-    all.extend_from_slice(&g.decode_logits[0]);
-    all
+    parity_kit::logits(&m, &[&[5, 9, 33, 60]])
 }
 
 #[test]
 fn fp8_scales_applied_exactly() {
-    for (scheme, sd, name) in [
-        ("tensor", DType::F32, "weight_scale"),
-        ("channel", DType::F32, "weight_scale"),
-        ("channel", DType::BF16, "weight_scale_inv"),
-        ("block", DType::F32, "weight_scale_inv"),
-        ("block", DType::BF16, "weight_scale"),
-    ] {
+    for (scheme, sd, name) in FP8_SCHEMES {
         let (cfg, q, r) = fp8_pair(scheme, sd, name);
         let dq = TempDir::new("fp8q");
         write_model(dq.path(), &cfg, &q);

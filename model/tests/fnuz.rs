@@ -15,9 +15,9 @@ use std::path::Path;
 
 use common::*;
 use memwall_model::weights::{FeedForward, Weights};
-use memwall_model::{CheckpointError, GenerateOptions, Model, ModelError, Session, SessionOptions};
+use memwall_model::{CheckpointError, Model, ModelError};
 use memwall_runtime::{Backend, DType, HostTensor, Linear, WeightScale, WithNativeE4m3, cpu};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 fn fnuz_reference() -> WithNativeE4m3<cpu::Reference> {
     WithNativeE4m3::new(cpu::Reference, DType::F8E4M3Fnuz)
@@ -34,22 +34,12 @@ fn fp8_model(config: Value, scheme: &str, scale_dtype: DType, scale_name: &str) 
             // Some of fn's -0 (0x80), which must reach the fnuz device as 0x00, not its NaN.
             q.iter_mut().step_by(97).for_each(|v| *v = -0.0);
             stored.push(encode(&name, DType::F8E4M3Fn, &shape, &q));
-            let sbytes = memwall_runtime::dtype::encode_f32(scale_dtype, &scales).unwrap();
-            stored.push((
-                name.replace(".weight", &format!(".{scale_name}")),
-                st(scale_dtype),
-                sshape,
-                sbytes,
-            ));
+            stored.push(fp8_scale(&name, scale_name, scale_dtype, &sshape, &scales));
         } else {
             stored.push(encode(&name, DType::F32, &shape, &values));
         }
     }
-    let mut qc = quant_config(scheme);
-    if scheme == "block" {
-        qc["config_groups"]["group_0"]["weights"]["block_structure"] = json!([16, 16]);
-    }
-    cfg["quantization_config"] = qc;
+    cfg["quantization_config"] = fp8_quant_config(scheme);
     (cfg, stored)
 }
 
@@ -84,24 +74,12 @@ fn f32s(t: &HostTensor) -> Vec<f32> {
     cpu::Reference.read_f32(t).unwrap()
 }
 
-/// The prefill and decode logits of a short greedy generation.
+/// The prefill and decode logits of a short greedy generation (`parity_kit::logits`).
 fn logits<B: Backend>(m: &Model<B>) -> Vec<f32>
 where
     B::Storage: 'static,
 {
-    let mut s = Session::new(
-        m,
-        SessionOptions { max_batch: 2, capacity: 16, cache_dtype: DType::F32, ..Default::default() },
-    )
-    .unwrap();
-    let opts = GenerateOptions { max_new_tokens: 3, record_logits: true, ..Default::default() };
-    let g = s.generate(&[vec![5, 9, 33, 60], vec![1, 63]], &opts).expect("generate");
-    let mut all = Vec::new();
-    for i in 0..2 {
-        all.extend_from_slice(&g.prefill_logits[i]);
-        all.extend_from_slice(&g.decode_logits[i]);
-    }
-    all
+    parity_kit::logits(m, &[&[5, 9, 33, 60], &[1, 63]])
 }
 
 fn load_pair(dir: &Path) -> (Model<cpu::Reference>, Model<WithNativeE4m3<cpu::Reference>>) {
@@ -163,13 +141,7 @@ fn check_converted(tag: &str, cfg: &Value, stored: &[Stored]) {
 
 #[test]
 fn converted_llama_gives_the_same_logits() {
-    for (scheme, sd, name) in [
-        ("tensor", DType::F32, "weight_scale"),
-        ("channel", DType::F32, "weight_scale"),
-        ("channel", DType::BF16, "weight_scale_inv"),
-        ("block", DType::F32, "weight_scale_inv"),
-        ("block", DType::BF16, "weight_scale"),
-    ] {
+    for (scheme, sd, name) in FP8_SCHEMES {
         let (cfg, stored) = fp8_model(llama_config(64, false), scheme, sd, name);
         check_converted(&format!("llama-{scheme}-{sd}"), &cfg, &stored);
     }

@@ -69,6 +69,12 @@ impl LinearBytes {
     pub fn total(&self) -> u64 {
         self.read() + self.y
     }
+
+    /// `self` if `total()` fits in `u64` (so neither it nor `read()` can overflow).
+    fn checked(self) -> Option<LinearBytes> {
+        self.weight.checked_add(self.scales)?.checked_add(self.x)?.checked_add(self.y)?;
+        Some(self)
+    }
 }
 
 /// The traffic of a linear layer `y[m, n] = x[m, k] . W[n, k]^T` with a weight of `weight`
@@ -82,18 +88,27 @@ pub fn linear_traffic(
     scale: ScaleLayout,
     act: DType,
 ) -> Result<LinearBytes> {
+    traffic(m, n, k, weight, scale, act, act).ok_or_else(|| Error::ShapeOverflow { shape: vec![m, n, k] })
+}
+
+/// `linear_traffic` with `x` of dtype `x_dtype` and `y` of `y_dtype`; `None` on overflow.
+fn traffic(
+    m: usize,
+    n: usize,
+    k: usize,
+    weight: DType,
+    scale: ScaleLayout,
+    x_dtype: DType,
+    y_dtype: DType,
+) -> Option<LinearBytes> {
     let (m64, n64, k64) = (m as u64, n as u64, k as u64);
-    let counted = (|| {
-        let b = LinearBytes {
-            weight: n64.checked_mul(k64)?.checked_mul(weight.size() as u64)?,
-            scales: scale.bytes(n, k)?,
-            x: m64.checked_mul(k64)?.checked_mul(act.size() as u64)?,
-            y: m64.checked_mul(n64)?.checked_mul(act.size() as u64)?,
-        };
-        b.weight.checked_add(b.scales)?.checked_add(b.x)?.checked_add(b.y)?;
-        Some(b)
-    })();
-    counted.ok_or_else(|| Error::ShapeOverflow { shape: vec![m, n, k] })
+    LinearBytes {
+        weight: n64.checked_mul(k64)?.checked_mul(weight.size() as u64)?,
+        scales: scale.bytes(n, k)?,
+        x: m64.checked_mul(k64)?.checked_mul(x_dtype.size() as u64)?,
+        y: m64.checked_mul(n64)?.checked_mul(y_dtype.size() as u64)?,
+    }
+    .checked()
 }
 
 /// Bytes a linear layer `y[m, n] = x[m, k] . W[n, k]^T` moves: the weight (`weight` elements) and
@@ -177,16 +192,17 @@ pub fn gate_up_silu_traffic(
     scale: ScaleLayout,
     act: DType,
 ) -> Result<LinearBytes> {
-    let one = linear_traffic(m, n, k, weight, scale, act)?;
+    // The gate and up products as two linears writing f32; fused, they share the one read of x
+    // and the one write of out.
     let counted = (|| {
-        let b = LinearBytes {
-            weight: one.weight.checked_mul(2)?,
-            scales: one.scales.checked_mul(2)?,
-            x: one.x,
-            y: (m as u64).checked_mul(n as u64)?.checked_mul(DType::F32.size() as u64)?,
-        };
-        b.weight.checked_add(b.scales)?.checked_add(b.x)?.checked_add(b.y)?;
-        Some(b)
+        let gate = traffic(m, n, k, weight, scale, act, DType::F32)?;
+        let up = gate; // the same shapes
+        LinearBytes {
+            weight: gate.weight.checked_add(up.weight)?,
+            scales: gate.scales.checked_add(up.scales)?,
+            ..gate
+        }
+        .checked()
     })();
     counted.ok_or_else(|| Error::ShapeOverflow { shape: vec![m, n, k] })
 }

@@ -13,8 +13,12 @@
 //! for each block's partial sum and for the embedding's dequantised `w * s`. Equal f64 results
 //! round to equal f32 outputs. The one difference is the sign of an exact zero: fnuz has no -0,
 //! so fn's -0 (0x80) becomes +0 and a result that is exactly zero may lose its sign
-//! ([`same_bits`]).
+//! ([`fnuz_kit::same_bits`]).
 
+#[path = "fnuz_kit/mod.rs"]
+mod fnuz_kit;
+
+use fnuz_kit::{Draw, Scheme, fn_weight, same_bits, to_fnuz};
 use memwall_runtime::cpu::Reference;
 use memwall_runtime::{Backend, DType, HostStorage, HostTensor, Linear, WeightScale, fp8};
 use proptest::prelude::*;
@@ -37,20 +41,15 @@ impl Rng {
     fn uniform(&mut self) -> f32 {
         ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
-    /// A random e4m3fn code that is not NaN (the NaN codes become 0x80, fn's -0, so it occurs).
-    fn code(&mut self) -> u8 {
-        let c = (self.next() >> 56) as u8;
-        if c & 0x7f == 0x7f { 0x80 } else { c }
-    }
 }
 
-/// How a test weight is scaled.
-#[derive(Clone, Copy, Debug)]
-enum Scheme {
-    None,
-    PerTensor,
-    PerChannel(DType),
-    Block(DType, usize, usize),
+impl Draw for Rng {
+    fn bits(&mut self) -> u64 {
+        self.next()
+    }
+    fn values(&mut self, _: DType, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.uniform()).collect()
+    }
 }
 
 fn schemes() -> Vec<Scheme> {
@@ -64,60 +63,14 @@ fn schemes() -> Vec<Scheme> {
     s
 }
 
-/// A random e4m3fn weight `[n, k]` with a random scale of `scheme` (values in [-1, 1]).
-fn fn_weight(rng: &mut Rng, n: usize, k: usize, scheme: Scheme) -> Linear<HostStorage> {
-    let codes: Vec<u8> = (0..n * k).map(|_| rng.code()).collect();
-    let weight = B.upload(DType::F8E4M3Fn, &[n, k], &codes).unwrap();
-    let mut values = |count: usize| -> Vec<f32> { (0..count).map(|_| rng.uniform()).collect() };
-    let scale = match scheme {
-        Scheme::None => WeightScale::None,
-        Scheme::PerTensor => WeightScale::PerTensor(values(1)[0]),
-        Scheme::PerChannel(d) => WeightScale::PerChannel(B.upload_f32(d, &[n, 1], &values(n)).unwrap()),
-        Scheme::Block(d, r, c) => {
-            let shape = [n.div_ceil(r), k.div_ceil(c)];
-            let scales = B.upload_f32(d, &shape, &values(shape[0] * shape[1])).unwrap();
-            WeightScale::Block { block_rows: r, block_cols: c, scales }
-        }
-    };
-    Linear { weight, scale }
-}
-
 fn bytes(t: &HostTensor) -> Vec<u8> {
     t.storage().bytes()[..t.nbytes()].to_vec()
-}
-
-/// `w` as the loader converts it for an e4m3fnuz device: `fp8::linear_to_fnuz` on an owned copy.
-fn to_fnuz(w: &Linear<HostStorage>) -> Linear<HostStorage> {
-    let mut u = w.upload_to(&B).unwrap();
-    let converted = fp8::linear_to_fnuz(&mut u).unwrap();
-    assert_eq!(converted.code_bytes, w.weight.nbytes());
-    u
 }
 
 /// An f32 tensor filled with a NaN payload, so an unwritten element fails the comparison.
 fn poisoned(shape: &[usize]) -> HostTensor {
     let n: usize = shape.iter().product();
     B.upload(DType::F32, shape, bytemuck::cast_slice(&vec![0x7fc0_deadu32; n])).unwrap()
-}
-
-/// Bit for bit equal, except that an exact zero may have either sign.
-fn same_bits(a: &[u32], b: &[u32]) -> Result<(), String> {
-    match a
-        .iter()
-        .zip(b)
-        .position(|(&x, &y)| x != y && !(f32::from_bits(x) == 0.0 && f32::from_bits(y) == 0.0))
-    {
-        _ if a.len() != b.len() => Err(format!("{} vs {} elements", a.len(), b.len())),
-        Some(i) => Err(format!(
-            "element {i}: {:e} ({:#010x}) vs {:e} ({:#010x}) of {}",
-            f32::from_bits(a[i]),
-            a[i],
-            f32::from_bits(b[i]),
-            b[i],
-            a.len()
-        )),
-        None => Ok(()),
-    }
 }
 
 fn linear_bits(x: &HostTensor, w: &Linear<HostStorage>, m: usize, n: usize) -> Vec<u32> {

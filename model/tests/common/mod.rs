@@ -132,6 +132,31 @@ pub fn quant_config(strategy: &str) -> Value {
                "weights": {"num_bits": 8, "type": "float", "strategy": strategy}}}})
 }
 
+/// The fp8 layouts the loader tests cover: (compressed-tensors strategy, scale dtype, name of the
+/// scale tensor beside `x.weight`).
+pub const FP8_SCHEMES: [(&str, DType, &str); 5] = [
+    ("tensor", DType::F32, "weight_scale"),
+    ("channel", DType::F32, "weight_scale"),
+    ("channel", DType::BF16, "weight_scale_inv"),
+    ("block", DType::F32, "weight_scale_inv"),
+    ("block", DType::BF16, "weight_scale"),
+];
+
+/// [`quant_config`] of `strategy`, with the 16x16 blocks of [`fp8_quantize`] for "block".
+pub fn fp8_quant_config(strategy: &str) -> Value {
+    let mut qc = quant_config(strategy);
+    if strategy == "block" {
+        qc["config_groups"]["group_0"]["weights"]["block_structure"] = json!([16, 16]);
+    }
+    qc
+}
+
+/// The scale tensor of the fp8 weight `weight` (`x.weight` -> `x.{scale_name}`): `scales` of
+/// `shape` stored as `dtype`.
+pub fn fp8_scale(weight: &str, scale_name: &str, dtype: DType, shape: &[usize], scales: &[f32]) -> Stored {
+    encode(&weight.replace(".weight", &format!(".{scale_name}")), dtype, shape, scales)
+}
+
 /// The stored fp8 weight and its scale for `values` `[n, k]`, and the f32 values they mean.
 pub fn fp8_quantize(
     values: &[f32],

@@ -4,7 +4,9 @@
 //! a published layout, with transformers' f32 logits at every prompt position and its greedy
 //! continuation) through the model on any backend and checks logits, greedy tokens, and that a
 //! batch of the prompts equals each prompt run alone. Used by `model/tests/parity.rs` (the CPU
-//! backends) and the root crate's `tests/gpu_model.rs` (the GPU backends, emulated in CI).
+//! backends) and the root crate's `tests/gpu_model.rs` (the GPU backends, emulated in CI). Its
+//! [`logits`] serve the tests that compare two loads of one checkpoint (`model/tests/fnuz.rs`,
+//! `model/tests/checkpoint.rs`, the root crate's `tests/gpu_fnuz.rs`).
 //!
 //! Tolerance: per-row relative error ||a - b|| / ||b|| <= 1e-4. Both sides compute in f32 from
 //! the same exactly-representable weights (the reference backend accumulates in f64); what differs
@@ -85,19 +87,34 @@ fn assert_rows_close(what: &str, got: &[f32], want: &[f32], cols: usize) {
     );
 }
 
-fn run<B: Backend>(model: &Model<B>, prompts: &[Vec<u32>], max_new: usize) -> Generation
+/// `prompts` as one batch, `max_new` greedy tokens each, in a session of `capacity` positions.
+fn run<B: Backend>(model: &Model<B>, prompts: &[Vec<u32>], max_new: usize, capacity: usize) -> Generation
 where
     B::Storage: 'static,
 {
-    let opts = SessionOptions {
-        max_batch: prompts.len(),
-        capacity: 64,
-        cache_dtype: DType::F32,
-        ..Default::default()
-    };
+    let opts =
+        SessionOptions { max_batch: prompts.len(), capacity, cache_dtype: DType::F32, ..Default::default() };
     let mut session = Session::new(model, opts).expect("session");
     let options = GenerateOptions { max_new_tokens: max_new, record_logits: true, ..Default::default() };
     session.generate(prompts, &options).unwrap_or_else(|e| panic!("generate: {e}"))
+}
+
+/// The logits of 3 greedy tokens after each of `prompts` (one batch, a session of 16 positions):
+/// each prompt's prefill rows, then its decode rows, prompt after prompt. For comparing two loads
+/// of one checkpoint.
+pub fn logits<B: Backend>(model: &Model<B>, prompts: &[&[u32]]) -> Vec<f32>
+where
+    B::Storage: 'static,
+{
+    let prompts: Vec<Vec<u32>> = prompts.iter().map(|p| p.to_vec()).collect();
+    let max_new = 3;
+    let g = run(model, &prompts, max_new, 16);
+    assert_eq!((g.prefill_logits.len(), g.decode_logits.len()), (prompts.len(), prompts.len()));
+    let all: Vec<f32> =
+        g.prefill_logits.iter().zip(&g.decode_logits).flat_map(|(p, d)| p.iter().chain(d)).copied().collect();
+    let rows: usize = prompts.iter().map(|p| p.len() + max_new).sum();
+    assert_eq!(all.len(), rows * model.config.vocab_size, "a row of logits per prompt position and token");
+    all
 }
 
 /// Runs a fixture on `backend`. `batch_tol`: the relative difference allowed between a batched
@@ -113,7 +130,7 @@ where
     let vocab = model.config.vocab_size;
     let mut singles = Vec::new();
     for (i, prompt) in exp.prompts.iter().enumerate() {
-        let g = run(&model, std::slice::from_ref(prompt), exp.max_new);
+        let g = run(&model, std::slice::from_ref(prompt), exp.max_new, 64);
         let (shape, prefill) = npy(&dir.join(format!("prefill_logits_{i}.npy")));
         assert_eq!(shape, [prompt.len(), vocab], "{name}: prefill fixture shape");
         assert_rows_close(&format!("{name} prompt {i} prefill"), &g.prefill_logits[0], &prefill, vocab);
@@ -124,7 +141,7 @@ where
         singles.push(g);
     }
     // The prompts as one batch (different lengths): the same tokens and logits as alone.
-    let batch = run(&model, &exp.prompts, exp.max_new);
+    let batch = run(&model, &exp.prompts, exp.max_new, 64);
     for (i, single) in singles.iter().enumerate() {
         assert_eq!(batch.tokens[i], single.tokens[0], "{name}: batch tokens of prompt {i}");
         let what = format!("{name} batch vs single {i}");
