@@ -17,11 +17,13 @@
 //                          `gate_up_silu` op): out[i][j] = silu(x_i . Gate_real_j) * (x_i . Up_real_j),
 //                          gate and up [n, k] of the same dtype <w>, scaled alike (as above, the
 //                          plain kernels with one scale each); out f32 [m, n]; m <= R rows
-// qkv_<w>[_block_<s>]_r<R>  three gemv_<w>[_block_<s>]_r<R> over one x in one launch (the `qkv`
-//                          op: attention's q, k and v projections): the grid is cut into three
-//                          runs of blocks, one per product, each running the gemv algorithm below
-//                          over its own weight, scales, n and y (QkvParams); the same results as
-//                          three gemv launches with those grids
+// qkv_<w>[_block_<s>]_r1   three gemv_<w>[_block_<s>]_r1 over one x row in one launch (the `qkv`
+//                          op at batch 1: attention's q, k and v projections): the grid is cut into
+//                          three runs of blocks, one per product, each running the gemv algorithm
+//                          below over its own weight, scales, n and y (QkvParams); the same results
+//                          as three gemv launches with those grids. One row only: the selected
+//                          part's params live in registers, and the r4 / r16 forms spilled (up to
+//                          108 bytes on sm_90a), so more rows go to three gemv launches
 // linear_x_f32_<t>         out[i] = x[i] widened to f32, t in {bf16, f16}
 //
 // Launch (runtime/src/gpu/ops/linear.rs): GEMV_WARPS warps per block, one warp per output j
@@ -278,7 +280,8 @@ MW_DEV void gate_up_silu(const GateUpParams& p) {
 
 }  // namespace mw_gemv
 
-// Each kernel family (gemv, qkv, gate_up_silu) x row tile, for one weight dtype and scale kind.
+// Each kernel family (gemv, gate_up_silu) x row tile, and qkv for one row, for one weight dtype and
+// scale kind.
 #define MW_GEMV_ROWS(family, Params, wname, W, Scale, sname)                                           \
     MW_KERNEL_BOUNDS(family##_##wname##sname##_r1, Params, mw_gemv::GEMV_THREADS) {                  \
         mw_gemv::family<W, Scale, 1>(p);                                                             \
@@ -291,7 +294,9 @@ MW_DEV void gate_up_silu(const GateUpParams& p) {
     }
 #define MW_GEMV_KINDS(wname, W, Scale, sname)                                                        \
     MW_GEMV_ROWS(gemv, LinearParams, wname, W, Scale, sname)                                         \
-    MW_GEMV_ROWS(qkv, QkvParams, wname, W, Scale, sname)                                             \
+    MW_KERNEL_BOUNDS(qkv_##wname##sname##_r1, QkvParams, mw_gemv::GEMV_THREADS) {                    \
+        mw_gemv::qkv<W, Scale, 1>(p);                                                                \
+    }                                                                                                \
     MW_GEMV_ROWS(gate_up_silu, GateUpParams, wname, W, Scale, sname)
 #define MW_GEMV_PLAIN(wname, W, _) MW_GEMV_KINDS(wname, W, mw_linear::NoBlocks, )
 #define MW_GEMV_BLOCK_F32(wname, W, _) MW_GEMV_KINDS(wname, W, mw_linear::Blocks<float>, _block_f32)

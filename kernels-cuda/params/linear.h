@@ -53,8 +53,8 @@ struct GateUpParams {
 };
 MW_LAYOUT(GateUpParams, gate, up, up_scales, up_scale, pad)
 
-/* qkv_<w>[_block_<s>]_r<R>: three GEMVs over one x, one launch (attention's q, k and v
- * projections): part[i] is the LinearParams of product i as for gemv_<w>[_block_<s>]_r<R> (its own
+/* qkv_<w>[_block_<s>]_r1: three GEMVs over one x row (m = 1), one launch (attention's q, k and v
+ * projections): part[i] is the LinearParams of product i as for gemv_<w>[_block_<s>]_r1 (its own
  * weight, scales or scale, n, y and y_dtype; x, m and k the same in all three; the weights of
  * one dtype <w> and scale kind). Blocks [0, blocks[0]) compute part 0, the next blocks[1] part 1,
  * the rest of the grid part 2. */

@@ -15,6 +15,8 @@ type T<D> = Tensor<GpuStorage<<D as Device>::Buffer>>;
 pub const GEMV_MAX_ROWS: usize = 16;
 /// The row tiles the GEMV kernels are compiled for (`_r<R>`).
 pub const GEMV_ROW_TILES: [usize; 3] = [1, 4, 16];
+/// The row tiles the fused `qkv` kernels are compiled for (one: batch-1 decode).
+pub const QKV_ROW_TILES: [usize; 1] = [1];
 /// `GEMV_WARPS` of gemv.cu: warps (output features) per block.
 pub const GEMV_WARPS: u32 = 4;
 /// Blocks per SM beyond which a grid-stride GEMV gains nothing.
@@ -145,9 +147,10 @@ pub fn kernel_names() -> Vec<&'static str> {
     let mut names = vec!["linear_x_f32_bf16", "linear_x_f32_f16"];
     for w in DType::FLOATS {
         for s in [None, Some(DType::F32), Some(DType::BF16)] {
-            for family in ["gemv", "qkv", "gate_up_silu"] {
+            for family in ["gemv", "gate_up_silu"] {
                 names.extend(GEMV_ROW_TILES.iter().filter_map(|&r| kernel_name(family, w, s, Some(r))));
             }
+            names.extend(QKV_ROW_TILES.iter().filter_map(|&r| kernel_name("qkv", w, s, Some(r))));
             names.extend(kernel_name("gemm", w, s, None));
             if w != DType::F32 {
                 names.extend(kernel_name("gemm_tc", w, s, None));
@@ -333,11 +336,11 @@ pub(crate) fn gate_up_silu<D: Device>(
     })
 }
 
-/// `qkv`: for at most [`GEMV_MAX_ROWS`] rows and weights of one dtype whose scales pick one
-/// kernel (none or per tensor; or per channel / blocks of one scale dtype), one
-/// `qkv_<w>[_block_<s>]_r<R>` launch whose grid is the three products' GEMV grids end to end, x
-/// widened once; each product computed exactly as `linear` computes it. Otherwise three
-/// `linear`.
+/// `qkv`: for one row (batch-1 decode) and weights of one dtype whose scales pick one kernel
+/// (none or per tensor; or per channel / blocks of one scale dtype), one `qkv_<w>[_block_<s>]_r1`
+/// launch whose grid is the three products' GEMV grids end to end, x widened once; each product
+/// computed exactly as `linear` computes it. Otherwise three `linear` (the kernel's r4 / r16 forms
+/// spilled registers, so more rows take three GEMV launches: [`QKV_ROW_TILES`]).
 pub(crate) fn qkv<D: Device>(
     g: &Gpu<D>,
     d: [LinearDims; 3],
@@ -350,7 +353,7 @@ pub(crate) fn qkv<D: Device>(
         [weight_params::<D>(d[0], w[0])?, weight_params::<D>(d[1], w[1])?, weight_params::<D>(d[2], w[2])?];
     let one_kernel = w.iter().all(|wi| wi.weight.dtype() == w[0].weight.dtype())
         && scales.iter().all(|s| s.0 == scales[0].0);
-    let rows = gemv_row_tile(d[0].m).filter(|_| one_kernel);
+    let rows = QKV_ROW_TILES.into_iter().find(|&r| r >= d[0].m).filter(|_| one_kernel);
     let name = rows.and_then(|r| kernel_name(op, w[0].weight.dtype(), scales[0].0, Some(r)));
     let Some(name) = name else {
         let [q, k, v] = y;
@@ -433,6 +436,6 @@ mod tests {
             kernel_name("gate_up_silu", DType::F8E4M3Fnuz, Some(DType::F32), Some(4)),
             Some("gate_up_silu_e4m3fnuz_block_f32_r4")
         );
-        assert_eq!(kernel_names().len(), 2 + 7 * 3 * (3 * 3 + 1) + 6 * 3);
+        assert_eq!(kernel_names().len(), 2 + 7 * 3 * (2 * 3 + 1 + 1) + 6 * 3);
     }
 }
