@@ -20,19 +20,40 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Kernels allowed to spill, with why. Keep it short and justified.
-const SPILL_ALLOWED: &[(&str, &str)] = &[
-    // 8 bytes on sm_80 and sm_90a (ptxas keeps one 64-bit block-scale index on the stack);
-    // measured once the GPU bench runs, fixed if it costs anything.
-    ("gemv_bf16_block_bf16_r4", "8-byte spill of a scale index"),
-    ("gemv_bf16_block_f32_r4", "8-byte spill of a scale index"),
-    // 24 bytes on sm_90a only (sm_80 is clean): the fused gate/up GEMV holds two block-scale
-    // grids' indices at f16 weights; measured once the GPU bench runs, fixed if it costs anything.
-    ("gate_up_silu_f16_block_bf16_r4", "24-byte spill of block-scale indices on sm_90a"),
-    ("gate_up_silu_f16_block_f32_r4", "24-byte spill of block-scale indices on sm_90a"),
+/// Kernels allowed to spill, as (name pattern, most bytes of spills on any target: ptxas's spill
+/// stores plus spill loads, as parse_ptxas counts them, why); `*`
+/// in a pattern stands for any run of characters. Keep it short and justified. ptxas trades a few
+/// bytes of spills for occupancy at its register steps (48, 80, 96, 128, 168 registers), and which
+/// kernels it picks moves with every change; what matters is where the spills land, and
+/// tests/cuda_build.rs checks in the SASS that no kernel's innermost streaming loop touches local
+/// memory. So these are spills at row setup, once per row or per kernel.
+const SPILL_ALLOWED: &[(&str, u64, &str)] = &[
+    // Block-scaled GEMVs hold the scale row, the block-column cursor and the row tile's sums.
+    ("gemv_*_block_*", 64, "row setup of the block-scaled GEMV"),
+    // The fused gate/up GEMV's 4-row tile at e5m2 on sm_80 (software decode) spills around its
+    // setup and its final reductions, outside the chunk loop.
+    ("gate_up_silu_*_block_*_r4", 96, "setup and reductions of the block-scaled fused gate/up GEMV"),
+    // The fused q/k/v GEMV selects its part's params per block (sm_90a, hardware fp8 decode).
+    ("qkv_*_r1", 8, "row setup of the fused q/k/v GEMV"),
     // The sampling kernel's radix searches are latency-bound on an L2-resident row.
-    ("sample_f32", "4-byte spill outside the hot loop"),
+    ("sample_f32", 12, "outside the hot loop"),
 ];
+
+/// Whether `name` matches `pattern` (`*`: any run of characters, possibly none).
+fn glob(pattern: &str, name: &str) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == name,
+        Some((head, rest)) => {
+            let Some(tail) = name.strip_prefix(head) else { return false };
+            (0..=tail.len()).any(|i| tail.is_char_boundary(i) && glob(rest, &tail[i..]))
+        }
+    }
+}
+
+/// Whether `kernel` may spill `bytes` (SPILL_ALLOWED).
+fn spill_allowed(kernel: &str, bytes: u64) -> bool {
+    SPILL_ALLOWED.iter().any(|&(pattern, most, _)| glob(pattern, kernel) && bytes <= most)
+}
 
 fn find_nvcc(root: &Path) -> Option<PathBuf> {
     for var in ["NVCC", "CUDA_HOME", "CUDA_PATH"] {
@@ -179,7 +200,7 @@ pub fn run(root: &Path, out: &Path) {
     let spills: Vec<String> = built
         .iter()
         .flat_map(|b| &b.kernels)
-        .filter(|(k, _, s)| *s > 0 && !SPILL_ALLOWED.iter().any(|(a, _)| a == k))
+        .filter(|(k, _, s)| *s > 0 && !spill_allowed(k, *s))
         .map(|(k, t, s)| format!("{k} ({t}): {s} bytes of spills"))
         .collect();
     if !spills.is_empty() {

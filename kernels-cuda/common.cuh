@@ -125,6 +125,41 @@ MW_DEV float to_f32(f16 x) {
 #endif
 }
 
+// The OCP formats (e4m3fn, e5m2) on NVIDIA sm_89 and later: `cvt.rn.f16x2.{e4m3x2,e5m2x2}` widens
+// two codes to f16 in one instruction (SASS F2FP.F16.E4M3.UNPACK_B / .E5M2.), the code in the low
+// byte of its 16-bit operand into the low half, and `cvt.f32.f16` (HADD2.F32) widens each f16
+// exactly: 3 instructions per two codes where the software decode below takes about 16. Exact,
+// and equal to that software decode for all 256 codes: every e4m3fn value (3 mantissa bits,
+// 2^-9 .. 448) and every e5m2 value (an f16 with its low 8 bits cut, +-inf included) is an f16;
+// -0 stays -0, and a NaN code gives a NaN (its payload may differ, which no result depends on).
+// The CPU-run tests execute the software decode only: tests/cuda_build.rs checks that these
+// instructions are in the sm_89+ OCP fp8 GEMV kernels (and nowhere for sm_80), and the GPU
+// suites compare them with the reference.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && !defined(MEMWALL_SIMT)
+#define MW_OCP_FP8_HW 1
+// fmt##x2_to_f32: the codes in bytes 0 and 1 of `pair` into lo, hi. fmt##x4_to_f32: the four
+// codes of `word` (byte k into out[k]); the 32-bit word is split into halves in PTX, so ptxas
+// reads them in place (R, R.H1) with no shifts.
+#define MW_OCP_FP8_TO_F32(fmt)                                                                      \
+    MW_DEV void fmt##x2_to_f32(uint32_t pair, float& lo, float& hi) {                               \
+        asm("{\n\t.reg .b16 c0, c1, h0, h1;\n\t.reg .b32 h;\n\tmov.b32 {c0, c1}, %2;\n\t"             \
+            "cvt.rn.f16x2." #fmt "x2 h, c0;\n\tmov.b32 {h0, h1}, h;\n\t"                            \
+            "cvt.f32.f16 %0, h0;\n\tcvt.f32.f16 %1, h1;\n\t}"                                        \
+            : "=f"(lo), "=f"(hi) : "r"(pair));                                                      \
+    }                                                                                               \
+    MW_DEV void fmt##x4_to_f32(uint32_t word, float (&out)[4]) {                                    \
+        asm("{\n\t.reg .b16 c0, c1, h0, h1, h2, h3;\n\t.reg .b32 lo, hi;\n\t"                        \
+            "mov.b32 {c0, c1}, %4;\n\tcvt.rn.f16x2." #fmt "x2 lo, c0;\n\t"                            \
+            "cvt.rn.f16x2." #fmt "x2 hi, c1;\n\tmov.b32 {h0, h1}, lo;\n\tmov.b32 {h2, h3}, hi;\n\t"    \
+            "cvt.f32.f16 %0, h0;\n\tcvt.f32.f16 %1, h1;\n\tcvt.f32.f16 %2, h2;\n\t"                    \
+            "cvt.f32.f16 %3, h3;\n\t}"                                                                \
+            : "=f"(out[0]), "=f"(out[1]), "=f"(out[2]), "=f"(out[3]) : "r"(word));                  \
+    }
+MW_OCP_FP8_TO_F32(e4m3)
+MW_OCP_FP8_TO_F32(e5m2)
+#undef MW_OCP_FP8_TO_F32
+#endif
+
 // fp8: the 7 magnitude bits shifted into an f32 (exponent bits onto its low exponent bits,
 // mantissa onto its top mantissa bits), times 2^(127 - bias): exact for normals and subnormals.
 // 0x1p120f = 2^120 (e4m3fn, bias 7), 2^119 (e4m3fnuz, bias 8), 2^112 (e5m2), 2^111 (e5m2fnuz).
@@ -134,10 +169,17 @@ MW_DEV float fp8_magnitude(uint32_t bits7, int shift, float rebias) {
 MW_DEV float with_sign(uint8_t b, float mag) { return __uint_as_float(__float_as_uint(mag) | (uint32_t(b & 0x80u) << 24)); }
 
 MW_DEV float to_f32(e4m3fn x) {
+#if defined(MW_OCP_FP8_HW)
+    float f, unused;
+    e4m3x2_to_f32(x.bits, f, unused);
+    return f;
+#else
     uint32_t m = x.bits & 0x7fu;
     if (m == 0x7fu) return __uint_as_float(0x7fc00000u);  // S.1111.111 is NaN; no infinities
     return with_sign(x.bits, fp8_magnitude(m, 20, 1.329227995784916e36f /* 2^120 */));
+#endif
 }
+
 // The two fnuz formats: software everywhere but CDNA3, whose hardware conversions hip.h wraps
 // (MW_FNUZ_FP8_HW; hip.h argues they give these same values for all 256 codes).
 MW_DEV float to_f32(e4m3fnuz x) {
@@ -149,12 +191,18 @@ MW_DEV float to_f32(e4m3fnuz x) {
 #endif
 }
 MW_DEV float to_f32(e5m2 x) {
+#if defined(MW_OCP_FP8_HW)
+    float f, unused;
+    e5m2x2_to_f32(x.bits, f, unused);
+    return f;
+#else
     uint32_t m = x.bits & 0x7fu;
     if (m >= 0x7cu) {  // exponent all ones: inf (mantissa 0) or NaN
         float special = m == 0x7cu ? __uint_as_float(0x7f800000u) : __uint_as_float(0x7fc00000u);
         return with_sign(x.bits, special);
     }
     return with_sign(x.bits, fp8_magnitude(m, 21, 5.192296858534828e33f /* 2^112 */));
+#endif
 }
 MW_DEV float to_f32(e5m2fnuz x) {
 #if defined(MW_FNUZ_FP8_HW)
@@ -173,6 +221,16 @@ MW_DEV void to_f32x4(uint32_t word, float (&out)[4]) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) out[k] = to_f32(T{uint8_t(word >> (8 * k))});
 }
+#if defined(MW_OCP_FP8_HW)
+template <>
+MW_DEV void to_f32x4<e4m3fn>(uint32_t word, float (&out)[4]) {
+    e4m3x4_to_f32(word, out);
+}
+template <>
+MW_DEV void to_f32x4<e5m2>(uint32_t word, float (&out)[4]) {
+    e5m2x4_to_f32(word, out);
+}
+#endif
 #if defined(MW_FNUZ_FP8_HW)
 template <>
 MW_DEV void to_f32x4<e4m3fnuz>(uint32_t word, float (&out)[4]) {

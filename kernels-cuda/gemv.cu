@@ -6,8 +6,9 @@
 //                          applied to each sum
 // gemv_<w>_block_<s>_r<R>  W_real[j][l] = weight[j][l] * scales[j / br][l / bc] (block scales of
 //                          dtype <s>: f32 or bf16; per-channel scales are br = 1, bc = k), applied
-//                          to the partial sum of each 16-byte chunk (vector path) or to each
-//                          element (scalar path)
+//                          to the partial sum of each 16-byte chunk (vector path: the chunk's
+//                          block column tracked by a ChunkColumns cursor, no division per chunk)
+//                          or to each element (scalar path)
 //                          weight [n, k] of dtype <w>: f32, f16, bf16, e4m3fn, e4m3fnuz, e5m2,
 //                          e5m2fnuz; x f32 [m, k] (bf16 / f16 activations are widened first by
 //                          linear_x_f32_<t>); y [m, n] f32, bf16 or f16 (p.y_dtype); R in {1, 4,
@@ -16,7 +17,8 @@
 //                          the MLP's gate and up projections fused with their SiLU product (the
 //                          `gate_up_silu` op): out[i][j] = silu(x_i . Gate_real_j) * (x_i . Up_real_j),
 //                          gate and up [n, k] of the same dtype <w>, scaled alike (as above, the
-//                          plain kernels with one scale each); out f32 [m, n]; m <= R rows
+//                          plain kernels with one scale each); out f32 [m, n]; m <= R rows, R in
+//                          {1, 4} (the 16-row form was issue-bound and spilled in its loop)
 // qkv_<w>[_block_<s>]_r1   three gemv_<w>[_block_<s>]_r1 over one x row in one launch (the `qkv`
 //                          op at batch 1: attention's q, k and v projections): the grid is cut into
 //                          three runs of blocks, one per product, each running the gemv algorithm
@@ -40,8 +42,19 @@
 // warp loads GEMV_UNROLL 16-byte words of gate row j and of up row j per lane (both in flight
 // together), widens each x element once for both products, reduces both sums, and lane 0 applies
 // the scales and silu(g) * u (mw::silu_times, as silu_mul) and stores. Each weight byte and x is
-// read once; gate and up never exist in memory. The launcher takes it for m <= GEMV_MAX_ROWS and
+// read once; gate and up never exist in memory. The launcher takes it for m <= 4 and
 // composes linear + linear + silu_mul above.
+//
+// fp8 weights: e4m3fn and e5m2 are widened by the hardware's cvt.rn.f16x2.{e4m3x2,e5m2x2} on
+// sm_89 and later (common.cuh, MW_OCP_FP8_HW; tests/cuda_build.rs checks the SASS), the fnuz
+// formats on CDNA3 by kernels-hip/hip.h, everything else in software. Per 16-byte word of e4m3fn
+// weights the r1 chunk loop issues about 59 instructions on sm_90a with the hardware decode and
+// 86 with per-channel or block scales (159 and 270 with the software decode and a 64-bit
+// division per chunk; counted in the nvcc 13.0 SASS), bf16 about 29. The budget: at its copy
+// peak an H200 reads about one 16-byte word per SM cycle, and an SM issues 4 warp instructions
+// per cycle, each for 32 lanes' words, so a loop above about 128 instructions per word cannot keep
+// up. The 16-row tile issues about 500 per e4m3fn word (16 x 16 multiply-adds and 16 rows of x):
+// above 4 rows the GEMV is bound by issue, not memory, and belongs on tensor cores.
 //
 // Accuracy: f32 products and sums; fp8 / 16-bit / bf16 scales widen exactly. Each term
 // x * w (* s) meets at most k + 8 roundings (two products, the chunk sum, the lane's running sum,
@@ -63,13 +76,21 @@ constexpr int GEMV_UNROLL = 4;
 
 // One chunk of VEC weights (row j, columns l0 .. l0 + VEC - 1) of each of the NW matrices against
 // the R rows of x: each x element is loaded once for all NW products. The chunk's sums are added
-// to `dot` (ADD) or replace it.
-template <typename W, int R, int NW, bool ADD = false>
-MW_DEV void chunk_dots(const Words (&w)[NW], const LinearParams& p, uint64_t l0, float (&dot)[NW][R]) {
+// to `dot` (ADD) or replace it. SCALED: each matrix's widened weights are first multiplied by its
+// w_scale[a] (the chunk's block scale; see SCALE_WEIGHTS).
+template <typename W, int R, int NW, bool ADD = false, bool SCALED = false>
+MW_DEV void chunk_dots(const Words (&w)[NW], const LinearParams& p, uint64_t l0, float (&dot)[NW][R],
+                       const float* w_scale = nullptr) {
     constexpr int VEC = 16 / sizeof(W);
     float wf[NW][VEC];
 #pragma unroll
-    for (int a = 0; a < NW; ++a) widen_words<W>(w[a], wf[a]);
+    for (int a = 0; a < NW; ++a) {
+        widen_words<W>(w[a], wf[a]);
+        if constexpr (SCALED) {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) wf[a][e] *= w_scale[a];
+        }
+    }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         if constexpr (!ADD) {
@@ -91,6 +112,12 @@ MW_DEV void chunk_dots(const Words (&w)[NW], const LinearParams& p, uint64_t l0,
     }
 }
 
+// How a chunk's block scale is applied: to the VEC widened weights (true) or to the R sums of the
+// chunk (false), whichever multiplies less. Scaling the weights also needs no second set of NW x R
+// sums beside the accumulators, which at 16 rows pushed ptxas to spill inside the chunk loop.
+template <typename W, int R>
+constexpr bool SCALE_WEIGHTS = 16 / int(sizeof(W)) <= R;
+
 // Whether the rows of p's shape in every one of `weights` (and x) can stream in 16-byte words.
 template <typename W, typename Scale, int NW>
 MW_DEV bool vector_path(const LinearParams& p, const void* const (&weights)[NW]) {
@@ -107,16 +134,18 @@ MW_DEV bool vector_path(const LinearParams& p, const void* const (&weights)[NW])
 // whole GEMV algorithm of the header comment; gemv and gate_up_silu both run it.
 template <typename W, typename Scale, int R, int NW>
 MW_DEV void row_dots(const LinearParams& p, const void* const (&weights)[NW], const void* const (&scales)[NW],
-                     bool vec, uint64_t j, int lane, float (&acc)[NW][R]) {
+                     bool vec, ChunkColumns cols, uint64_t j, int lane, float (&acc)[NW][R]) {
     constexpr int VEC = 16 / sizeof(W);
     // GEMV_UNROLL words in flight per lane, whatever NW: as many bytes as gemv's one row.
     constexpr int UNROLL = GEMV_UNROLL / NW;
     static_assert(UNROLL >= 1 && GEMV_UNROLL % NW == 0, "GEMV_UNROLL loads shared by the matrices");
     const uint64_t chunks = vec ? p.k / VEC : 0;
     const W* w_rows[NW];
+    [[maybe_unused]] const void* s_rows[NW];
 #pragma unroll
     for (int a = 0; a < NW; ++a) {
         w_rows[a] = reinterpret_cast<const W*>(weights[a]) + j * p.k;
+        if constexpr (Scale::BLOCKS) s_rows[a] = Scale::row(p, scales[a], j);
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[a][r] = 0.0f;
     }
@@ -135,13 +164,20 @@ MW_DEV void row_dots(const LinearParams& p, const void* const (&weights)[NW], co
             const uint64_t c = c0 + uint64_t(u) * MW_WARP;
             if (c >= chunks) break;
             if constexpr (Scale::BLOCKS) {
-                float dot[NW][R];
-                chunk_dots<W, R, NW>(w_reg[u], p, c * VEC, dot);
+                float s[NW];
 #pragma unroll
-                for (int a = 0; a < NW; ++a) {
-                    const float s = Scale::at(p, scales[a], j, c * VEC);
+                for (int a = 0; a < NW; ++a) s[a] = Scale::in_row(s_rows[a], cols.col);
+                cols.advance();
+                if constexpr (SCALE_WEIGHTS<W, R>) {
+                    chunk_dots<W, R, NW, true, true>(w_reg[u], p, c * VEC, acc, s);
+                } else {
+                    float dot[NW][R];
+                    chunk_dots<W, R, NW>(w_reg[u], p, c * VEC, dot);
 #pragma unroll
-                    for (int r = 0; r < R; ++r) acc[a][r] += dot[a][r] * s;
+                    for (int a = 0; a < NW; ++a) {
+#pragma unroll
+                        for (int r = 0; r < R; ++r) acc[a][r] += dot[a][r] * s[a];
+                    }
                 }
             } else {
                 // Unscaled chunks go straight into the sums (no second set of NW x R registers).
@@ -163,17 +199,9 @@ MW_DEV void row_dots(const LinearParams& p, const void* const (&weights)[NW], co
     }
 }
 
-// gemv: row_dots' algorithm for one matrix, kept in this form (chunk_dot, one word per load) because
-// it is the form ptxas allocates without spills for every instantiation (routing it through
-// row_dots<..., 1> spilled 8 to 32 bytes in the plain fp8 kernels on sm_80).
-template <typename W, int R>
-MW_DEV void chunk_dot(const Words& w, const LinearParams& p, uint64_t l0, float (&dot)[R]) {
-    const Words words[1] = {w};
-    float dots[1][R];
-    chunk_dots<W, R, 1>(words, p, l0, dots);
-#pragma unroll
-    for (int r = 0; r < R; ++r) dot[r] = dots[0][r];
-}
+// gemv: row_dots' algorithm for one matrix, kept in this form (one word per load, its own loop)
+// because it is the form ptxas allocates without spills for every instantiation (routing it
+// through row_dots<..., 1> spilled 8 to 32 bytes in the plain fp8 kernels on sm_80).
 
 // The GEMV over `blocks` blocks of which this is block `block` (the whole grid for gemv; a share
 // of it for qkv).
@@ -185,29 +213,48 @@ MW_DEV void gemv_blocks(const LinearParams& p, uint32_t block, uint32_t blocks) 
     const bool vec = (p.k * sizeof(W)) % 16 == 0 && aligned16(p.weight) && aligned16(p.x) &&
                      (!Scale::BLOCKS || p.block_cols % VEC == 0);
     const uint64_t chunks = vec ? p.k / VEC : 0;
+    // Block scales: the block column of this lane's first chunk (the same in every row).
+    [[maybe_unused]] ChunkColumns first_cols;
+    if constexpr (Scale::BLOCKS) {
+        if (vec) first_cols = ChunkColumns(lane, p.block_cols / VEC, MW_WARP);
+    }
     for (uint64_t j = uint64_t(block) * GEMV_WARPS + threadIdx.x / MW_WARP; j < p.n; j += warps) {
         const W* w_row = reinterpret_cast<const W*>(p.weight) + j * p.k;
         const Words* w_words = reinterpret_cast<const Words*>(w_row);
-        float acc[R];
+        [[maybe_unused]] const void* s_row = nullptr;
+        [[maybe_unused]] ChunkColumns cols = first_cols;
+        if constexpr (Scale::BLOCKS) s_row = Scale::row(p, p.scales, j);
+        float acc[1][R];
 #pragma unroll
-        for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+        for (int r = 0; r < R; ++r) acc[0][r] = 0.0f;
         for (uint64_t c0 = lane; c0 < chunks; c0 += uint64_t(MW_WARP) * GEMV_UNROLL) {
-            Words w_reg[GEMV_UNROLL];
+            Words w_reg[GEMV_UNROLL][1];
 #pragma unroll
             for (int u = 0; u < GEMV_UNROLL; ++u) {
                 const uint64_t c = c0 + uint64_t(u) * MW_WARP;
-                if (c < chunks) w_reg[u] = w_words[c];
+                if (c < chunks) w_reg[u][0] = w_words[c];
             }
 #pragma unroll
             for (int u = 0; u < GEMV_UNROLL; ++u) {
                 const uint64_t c = c0 + uint64_t(u) * MW_WARP;
                 if (c >= chunks) break;
-                float dot[R];
-                chunk_dot<W, R>(w_reg[u], p, c * VEC, dot);
-                float s = 1.0f;
-                if constexpr (Scale::BLOCKS) s = Scale::at(p, j, c * VEC);
+                if constexpr (Scale::BLOCKS) {
+                    const float s[1] = {Scale::in_row(s_row, cols.col)};
+                    cols.advance();
+                    if constexpr (SCALE_WEIGHTS<W, R>) {
+                        chunk_dots<W, R, 1, true, true>(w_reg[u], p, c * VEC, acc, s);
+                    } else {
+                        float dot[1][R];
+                        chunk_dots<W, R, 1>(w_reg[u], p, c * VEC, dot);
 #pragma unroll
-                for (int r = 0; r < R; ++r) acc[r] += Scale::BLOCKS ? dot[r] * s : dot[r];
+                        for (int r = 0; r < R; ++r) acc[0][r] += dot[0][r] * s[0];
+                    }
+                } else {
+                    float dot[1][R];
+                    chunk_dots<W, R, 1>(w_reg[u], p, c * VEC, dot);
+#pragma unroll
+                    for (int r = 0; r < R; ++r) acc[0][r] += dot[0][r];
+                }
             }
         }
         // Scalar elements: all of them off the vector path, else the tail past the last chunk.
@@ -216,12 +263,12 @@ MW_DEV void gemv_blocks(const LinearParams& p, uint32_t block, uint32_t blocks) 
             if constexpr (Scale::BLOCKS) wl *= Scale::at(p, j, l);
 #pragma unroll
             for (int r = 0; r < R; ++r) {
-                if (uint64_t(r) < p.m) acc[r] += p.x[r * p.k + l] * wl;
+                if (uint64_t(r) < p.m) acc[0][r] += p.x[r * p.k + l] * wl;
             }
         }
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            const float total = mw::warp_sum(acc[r]);
+            const float total = mw::warp_sum(acc[0][r]);
             if (lane == 0 && uint64_t(r) < p.m) store_y(p, r, j, Scale::BLOCKS ? total : total * p.scale);
         }
     }
@@ -263,9 +310,13 @@ MW_DEV void gate_up_silu(const GateUpParams& p) {
     const uint64_t warps = uint64_t(gridDim.x) * GEMV_WARPS;
     const bool vec = vector_path<W, Scale>(g, weights);
     float* out = reinterpret_cast<float*>(g.y);
+    [[maybe_unused]] ChunkColumns first_cols;
+    if constexpr (Scale::BLOCKS) {
+        if (vec) first_cols = ChunkColumns(lane, g.block_cols / (16 / sizeof(W)), MW_WARP);
+    }
     for (uint64_t j = uint64_t(blockIdx.x) * GEMV_WARPS + threadIdx.x / MW_WARP; j < g.n; j += warps) {
         float acc[2][R];
-        row_dots<W, Scale, R>(g, weights, scales, vec, j, lane, acc);
+        row_dots<W, Scale, R>(g, weights, scales, vec, first_cols, j, lane, acc);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             const float gate = mw::warp_sum(acc[0][r]);
@@ -280,7 +331,7 @@ MW_DEV void gate_up_silu(const GateUpParams& p) {
 
 }  // namespace mw_gemv
 
-// Each kernel family (gemv, gate_up_silu) x row tile, and qkv for one row, for one weight dtype and
+// gemv at each row tile, qkv for one row, gate_up_silu for one and four, for one weight dtype and
 // scale kind.
 #define MW_GEMV_ROWS(family, Params, wname, W, Scale, sname)                                           \
     MW_KERNEL_BOUNDS(family##_##wname##sname##_r1, Params, mw_gemv::GEMV_THREADS) {                  \
@@ -297,7 +348,12 @@ MW_DEV void gate_up_silu(const GateUpParams& p) {
     MW_KERNEL_BOUNDS(qkv_##wname##sname##_r1, QkvParams, mw_gemv::GEMV_THREADS) {                    \
         mw_gemv::qkv<W, Scale, 1>(p);                                                                \
     }                                                                                                \
-    MW_GEMV_ROWS(gate_up_silu, GateUpParams, wname, W, Scale, sname)
+    MW_KERNEL_BOUNDS(gate_up_silu_##wname##sname##_r1, GateUpParams, mw_gemv::GEMV_THREADS) {        \
+        mw_gemv::gate_up_silu<W, Scale, 1>(p);                                                       \
+    }                                                                                                \
+    MW_KERNEL_BOUNDS(gate_up_silu_##wname##sname##_r4, GateUpParams, mw_gemv::GEMV_THREADS) {        \
+        mw_gemv::gate_up_silu<W, Scale, 4>(p);                                                       \
+    }
 #define MW_GEMV_PLAIN(wname, W, _) MW_GEMV_KINDS(wname, W, mw_linear::NoBlocks, )
 #define MW_GEMV_BLOCK_F32(wname, W, _) MW_GEMV_KINDS(wname, W, mw_linear::Blocks<float>, _block_f32)
 #define MW_GEMV_BLOCK_BF16(wname, W, _) MW_GEMV_KINDS(wname, W, mw_linear::Blocks<bf16>, _block_bf16)

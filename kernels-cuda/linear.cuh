@@ -53,13 +53,45 @@ struct NoBlocks {
 template <typename S>
 struct Blocks {
     static constexpr bool BLOCKS = true;
+    // Row j's run of block scales in a grid of p's block shape over `scales`:
+    // scales + (j / block_rows) * ceil(k / block_cols). The divisions are 32-bit: the launchers
+    // check n, k < 2^32 for block scales (a 64-bit division is a call to a routine, and ptxas
+    // spilled around it).
+    MW_DEV static const void* row(const LinearParams& p, const void* scales, uint64_t j) {
+        const uint32_t k = uint32_t(p.k);
+        const uint32_t grid_cols = k / p.block_cols + (k % p.block_cols != 0);
+        return reinterpret_cast<const S*>(scales) + uint64_t(uint32_t(j) / p.block_rows) * grid_cols;
+    }
+    // The scale of block column `col` of a row's run.
+    MW_DEV static float in_row(const void* row, uint32_t col) {
+        return mw::to_f32(reinterpret_cast<const S*>(row)[col]);
+    }
     // scales[(j / block_rows) * ceil(k / block_cols) + l / block_cols]
     MW_DEV static float at(const LinearParams& p, uint64_t j, uint64_t l) { return at(p, p.scales, j, l); }
     // The same over another scale grid of p's block shape (gate_up_silu's up scales).
     MW_DEV static float at(const LinearParams& p, const void* scales, uint64_t j, uint64_t l) {
-        const uint64_t grid_cols = (p.k + p.block_cols - 1) / p.block_cols;
-        const S* s = reinterpret_cast<const S*>(scales);
-        return mw::to_f32(s[(j / p.block_rows) * grid_cols + l / p.block_cols]);
+        return in_row(row(p, scales, j), uint32_t(l) / p.block_cols);
+    }
+};
+
+// The block column of a lane's chunks (runs of `per_block` chunks make one block column) as the
+// lane steps along a row by `step` chunks at a time, with no division in the loop: col and rem
+// are the current chunk c's c / per_block and c % per_block. Two divisions when made (once per
+// kernel: every row starts at the same chunk); advance() is four instructions.
+struct ChunkColumns {
+    uint32_t col = 0, rem = 0;
+    uint32_t per_block = 1, step_col = 0, step_rem = 0;
+    ChunkColumns() = default;
+    MW_DEV ChunkColumns(uint32_t first, uint32_t per_block_, uint32_t step)
+        : col(first / per_block_), rem(first % per_block_), per_block(per_block_), step_col(step / per_block_),
+          step_rem(step % per_block_) {}
+    MW_DEV void advance() {
+        col += step_col;
+        rem += step_rem;
+        if (rem >= per_block) {
+            rem -= per_block;
+            ++col;
+        }
     }
 };
 

@@ -29,6 +29,8 @@ fi
 # and sm_90a, PTX for compute_90), failing on compile errors, warnings and register spills.
 # NVRTC (a host library) comes with it: the CUDA backend compiles the embedded sources with it
 # when a build has no fatbins, and tests/cuda_nvrtc.rs checks that path here, without a GPU.
+# cuobjdump and the nvdisasm it runs disassemble the fatbins for tests/cuda_build.rs's SASS checks;
+# PyPI has them from 13.2 on only, and a newer disassembler reads 13.0's machine code.
 # MEMWALL_NVCC=0 skips the install and the fatbins.
 CUDA_PINS=(
   nvidia-cuda-nvcc==13.0.88
@@ -37,9 +39,12 @@ CUDA_PINS=(
   nvidia-cuda-runtime==13.0.96
   nvidia-cuda-cccl==13.0.85
   nvidia-cuda-nvrtc==13.0.88
+  nvidia-cuda-cuobjdump==13.2.78
+  nvidia-cuda-nvdisasm==13.2.78
 )
 cu13=.tools/cuda/nvidia/cu13
-if [[ "${MEMWALL_NVCC:-1}" != 0 && ! ( -x $cu13/bin/nvcc && -e $cu13/lib/libnvrtc.so.13 ) ]]; then
+if [[ "${MEMWALL_NVCC:-1}" != 0 && ! ( -x $cu13/bin/nvcc && -e $cu13/lib/libnvrtc.so.13 && -x $cu13/bin/cuobjdump \
+  && -x $cu13/bin/nvdisasm ) ]]; then
   python3 -m pip install --quiet --disable-pip-version-check --no-deps --upgrade --target .tools/cuda "${CUDA_PINS[@]}"
 fi
 # HIP (AMD MI250 / MI300X) from Debian: clang 19 with lld and the LLVM tools (gfx942 needs clang

@@ -6,7 +6,7 @@
 //! with odd n, block scales of sizes that do and do not divide the 16-byte chunk or the GEMM's
 //! k tile, rows at fewer than allocated, and exact cases that need all of the tensor-core GEMM's
 //! bf16 parts of x and of f16 weights. Also `gate_up_silu`: the fused gate/up GEMV of `gemv.cu`
-//! (m <= 16) and its composed path above, against `cpu::Reference` over the same shapes.
+//! (m <= 4) and its composed path above, against `cpu::Reference` over the same shapes.
 //!
 //! Runs on each emulated backend (`--features memwall/emulate`) and, ignored unless asked for, on
 //! a CUDA or ROCm device (`--features memwall/cuda` or `memwall/hip`, `-- --ignored`; `MEMWALL_REQUIRE_GPU=1` makes a missing
@@ -255,7 +255,7 @@ fn check<B: Backend>(b: &B, c: &Case) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// gate_up_silu: the fused gate/up GEMV of gemv.cu (m <= 16), composed from linear + silu_mul above
+// gate_up_silu: the fused gate/up GEMV of gemv.cu (m <= 4), composed from linear + silu_mul above
 
 /// `(sum, sum|t|, sum|w s|)` of the terms `t = x[l] w[l] s[l]` of one dot product, in f64 (exact
 /// products of f32 values; the sums within gamma64(k) of exact, counted in the bounds).
@@ -341,7 +341,7 @@ fn gate_up_cases<B: Backend>(b: &B, who: &str, fused: u32, composed: u32) {
 }
 
 /// Every weight dtype and scale kind of the fused kernel once on its vector path (k = 128) and its
-/// scalar path (k = 17), at 1, 3 and 16 rows (each row tile), x f32 or bf16.
+/// scalar path (k = 17), at 1, 3 and 16 rows (both row tiles, and the composed path), x f32 or bf16.
 fn gate_up_every_instantiation<B: Backend>(b: &B) {
     let mut seed = 0x6a7e_0001u64;
     for weight in DType::FLOATS {
@@ -418,6 +418,42 @@ fn long_k<B: Backend>(b: &B) {
         };
         assert_eq!(path(&c), Some(GemmPath::TensorCore));
         check(b, &c);
+    }
+}
+
+/// The GEMV and the fused gate/up GEMV at k = 4096 with block scales whose block columns hold
+/// from one to several warps' worth of a lane's 16-byte chunks, so each lane's chunks (a warp
+/// apart) cross block columns at every kind of stride the vector path's cursor (`ChunkColumns` of
+/// linear.cuh) takes: fp8 blocks of 48, 128 and 640 columns are 3, 8 and 40 chunks, per channel
+/// 256; 16-bit and f32 weights double and quadruple those. 640 leaves a partial last block
+/// column, 5-row blocks a partial last block row. At 1 and 4 rows (both row tiles' loops).
+fn block_columns_at_long_k<B: Backend>(b: &B) {
+    let mut seed = 0xb10c_0001u64;
+    for weight in [DType::F8E4M3Fn, DType::F8E5M2, DType::BF16, DType::F32] {
+        for scale in [
+            ScaleKind::PerChannel,
+            ScaleKind::Block(128, 128),
+            ScaleKind::Block(5, 48),
+            ScaleKind::Block(2, 640),
+        ] {
+            for m in [1, 4] {
+                seed += 1;
+                let scale_dtype = if seed.is_multiple_of(2) { DType::F32 } else { DType::BF16 };
+                let c = Case {
+                    m,
+                    n: 19,
+                    k: 4096,
+                    weight,
+                    scale,
+                    scale_dtype,
+                    x: DType::F32,
+                    y: DType::F32,
+                    seed,
+                };
+                check(b, &c);
+                check_gate_up(b, &c);
+            }
+        }
     }
 }
 
@@ -559,6 +595,16 @@ mod emulated {
         long_k(&b);
     }
 
+    /// The cursor's steps are a warp of chunks: 32 lanes on the CUDA image, 64 on the HIP one.
+    #[test]
+    fn gemv_block_columns_at_long_k() {
+        let mut emulated = gpu::emulated();
+        let hip = emulated.pop().expect("hip-emu");
+        for (_, b) in [emulated.swap_remove(2), hip] {
+            block_columns_at_long_k(&b);
+        }
+    }
+
     #[test]
     fn tensor_core_gemm_uses_every_part() {
         for (_, b) in gpu::emulated() {
@@ -606,6 +652,10 @@ device_tests! {
 
     fn tensor_core_gemm_uses_every_part(b, who) {
         exact_parts(&b);
+    }
+
+    fn gemv_block_columns_at_long_k(b, who) {
+        block_columns_at_long_k(&b);
     }
 
     fn gate_up_silu_matches_reference(b, who) {

@@ -15,6 +15,11 @@ type T<D> = Tensor<GpuStorage<<D as Device>::Buffer>>;
 pub const GEMV_MAX_ROWS: usize = 16;
 /// The row tiles the GEMV kernels are compiled for (`_r<R>`).
 pub const GEMV_ROW_TILES: [usize; 3] = [1, 4, 16];
+/// The row tiles the fused `gate_up_silu` kernels are compiled for. Above 4 rows the composed path
+/// runs (two GEMVs and silu_mul: the same weight bytes): the GEMV's 16-row tile is bound by issue,
+/// not memory (gemv.cu), so fusing saves nothing there, and its two-matrix form spilled registers
+/// inside the chunk loop.
+pub const GATE_UP_ROW_TILES: [usize; 2] = [1, 4];
 /// The row tiles the fused `qkv` kernels are compiled for (one: batch-1 decode).
 pub const QKV_ROW_TILES: [usize; 1] = [1];
 /// `GEMV_WARPS` of gemv.cu: warps (output features) per block.
@@ -147,9 +152,9 @@ pub fn kernel_names() -> Vec<&'static str> {
     let mut names = vec!["linear_x_f32_bf16", "linear_x_f32_f16"];
     for w in DType::FLOATS {
         for s in [None, Some(DType::F32), Some(DType::BF16)] {
-            for family in ["gemv", "gate_up_silu"] {
-                names.extend(GEMV_ROW_TILES.iter().filter_map(|&r| kernel_name(family, w, s, Some(r))));
-            }
+            names.extend(GEMV_ROW_TILES.iter().filter_map(|&r| kernel_name("gemv", w, s, Some(r))));
+            names
+                .extend(GATE_UP_ROW_TILES.iter().filter_map(|&r| kernel_name("gate_up_silu", w, s, Some(r))));
             names.extend(QKV_ROW_TILES.iter().filter_map(|&r| kernel_name("qkv", w, s, Some(r))));
             names.extend(kernel_name("gemm", w, s, None));
             if w != DType::F32 {
@@ -162,24 +167,33 @@ pub fn kernel_names() -> Vec<&'static str> {
 
 /// The weight side of `LinearParams`: `(block scale dtype, scales, block_rows, block_cols, scale)`.
 /// A per-channel scale is the block scale of 1 x k blocks; block edges beyond the matrix act like
-/// the matrix's size, so they are clamped to fit the u32 fields.
+/// the matrix's size, so they are clamped to fit the u32 fields. The block-scale kernels index
+/// their scale grid with 32-bit row and column numbers (`Blocks` of linear.cuh), so n and k must
+/// fit in 32 bits there.
 pub(crate) fn weight_params<D: Device>(
     d: LinearDims,
     w: &Linear<GpuStorage<D::Buffer>>,
 ) -> Result<(Option<DType>, u64, u32, u32, f32)> {
     let op = "linear";
-    Ok(match &w.scale {
-        WeightScale::None => (None, 0, 0, 0, 1.0),
-        WeightScale::PerTensor(s) => (None, 0, 0, 0, *s),
-        WeightScale::PerChannel(s) => (Some(s.dtype()), addr::<D>(s), 1, dim(op, "k", d.k)?, 1.0),
-        WeightScale::Block { block_rows, block_cols, scales } => (
+    let blocks = |scales: &T<D>, rows: usize, cols: usize| -> Result<_> {
+        dim(op, "n (block-scaled)", d.n)?;
+        dim(op, "k (block-scaled)", d.k)?;
+        Ok((
             Some(scales.dtype()),
             addr::<D>(scales),
-            dim(op, "block rows", (*block_rows).min(d.n))?,
-            dim(op, "block cols", (*block_cols).min(d.k))?,
+            dim(op, "block rows", rows)?,
+            dim(op, "block cols", cols)?,
             1.0,
-        ),
-    })
+        ))
+    };
+    match &w.scale {
+        WeightScale::None => Ok((None, 0, 0, 0, 1.0)),
+        WeightScale::PerTensor(s) => Ok((None, 0, 0, 0, *s)),
+        WeightScale::PerChannel(s) => blocks(s, 1, d.k),
+        WeightScale::Block { block_rows, block_cols, scales } => {
+            blocks(scales, (*block_rows).min(d.n), (*block_cols).min(d.k))
+        }
+    }
 }
 
 /// `MW_Y_*` of params/linear.h.
@@ -285,7 +299,7 @@ pub(crate) fn launch_linear<D: Device>(
     })
 }
 
-/// `gate_up_silu`: for at most [`GEMV_MAX_ROWS`] rows one `gate_up_silu_<w>[_block_<s>]_r<R>`
+/// `gate_up_silu`: for at most 4 rows ([`GATE_UP_ROW_TILES`]) one `gate_up_silu_<w>[_block_<s>]_r<R>`
 /// launch (gemv.cu: both weights and x read once, no intermediates); above, the composed path
 /// (two `linear` into the scratch, then `silu_mul`), whose GEMMs read each weight once per 64 rows
 /// anyway. `check_gate_up_silu` made gate and up the same shape and dtype and scaled alike, so one
@@ -300,10 +314,9 @@ pub(crate) fn gate_up_silu<D: Device>(
     out: &mut T<D>,
 ) -> Result<()> {
     let op = "gate_up_silu";
-    if d.m > GEMV_MAX_ROWS {
+    let Some(rows) = GATE_UP_ROW_TILES.into_iter().find(|&r| r >= d.m) else {
         return crate::backend::gate_up_silu_composed(g, d, x, w_gate, w_up, scratch, out);
-    }
-    let rows = gemv_row_tile(d.m).ok_or_else(|| super::unsupported(op, g.name()))?;
+    };
     let (scale_dtype, gate_scales, block_rows, block_cols, gate_scale) = weight_params::<D>(d, w_gate)?;
     let (up_dtype, up_scales, up_rows, up_cols, up_scale) = weight_params::<D>(d, w_up)?;
     if (up_dtype, up_rows, up_cols) != (scale_dtype, block_rows, block_cols) {
@@ -436,6 +449,6 @@ mod tests {
             kernel_name("gate_up_silu", DType::F8E4M3Fnuz, Some(DType::F32), Some(4)),
             Some("gate_up_silu_e4m3fnuz_block_f32_r4")
         );
-        assert_eq!(kernel_names().len(), 2 + 7 * 3 * (2 * 3 + 1 + 1) + 6 * 3);
+        assert_eq!(kernel_names().len(), 2 + 7 * 3 * (3 + 2 + 1 + 1) + 6 * 3);
     }
 }
