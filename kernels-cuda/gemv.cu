@@ -199,12 +199,10 @@ MW_DEV void row_dots(const LinearParams& p, const void* const (&weights)[NW], co
     }
 }
 
-// gemv: row_dots' algorithm for one matrix, kept in this form (one word per load, its own loop)
-// because it is the form ptxas allocates without spills for every instantiation (routing it
-// through row_dots<..., 1> spilled 8 to 32 bytes in the plain fp8 kernels on sm_80).
-
 // The GEMV over `blocks` blocks of which this is block `block` (the whole grid for gemv; a share
-// of it for qkv).
+// of it for qkv): row_dots' algorithm for one matrix, kept in this form (one word per load, its
+// own loop) because it is the form ptxas allocates without spills for every instantiation
+// (routing it through row_dots<..., 1> spilled 8 to 32 bytes in the plain fp8 kernels on sm_80).
 template <typename W, typename Scale, int R>
 MW_DEV void gemv_blocks(const LinearParams& p, uint32_t block, uint32_t blocks) {
     constexpr int VEC = 16 / sizeof(W);
