@@ -13,7 +13,7 @@ use memwall::engine::{
 };
 use memwall::model::{GenerateOptions, Model, Session, SessionOptions};
 use memwall::runtime::{Backend, DType, SamplingParams};
-use memwall::scenario::{self, Arrivals, requests};
+use memwall::scenario::{self, Arrivals, StepClock, requests};
 
 const VOCAB: usize = 50;
 
@@ -298,11 +298,14 @@ fn sampled_batched_equals_alone_fast_backend() {
     batched_equals_alone(memwall::default_backend(), "llama_mha_f16", sampling, None);
 }
 
-/// Thousands of short requests through the Server scenario (Poisson arrivals on the engine clock)
+/// Thousands of short requests through the Server scenario (Poisson arrivals, a fixed step time)
 /// on the fast CPU backend: every block back after each run, nothing left queued, and the
 /// scheduler's collections do not grow from one run to the next.
 #[test]
 fn soak_server_thousands_of_short_requests() {
+    // 5000 queries/s at 1 ms a step: 5 arrivals per step, more than 8 slots retire, so the queue
+    // builds up to hundreds (at 0.5 ms it stays under a hundred).
+    const SOAK_STEP_S: f64 = 1e-3;
     let model = Model::load(memwall::default_backend(), &fixture("llama_tied_f32"), |_, _| {}).expect("load");
     let vocab = model.config.vocab_size;
     let engine = SessionEngine::new(Session::new(&model, session_opts(8, 8, 16)).expect("session"), vocab);
@@ -313,7 +316,17 @@ fn soak_server_thousands_of_short_requests() {
     for round in 0..3u64 {
         let queries = requests::synthetic(1000, input, output, vocab, round).expect("queries");
         let arrivals = requests::poisson_arrivals(queries.len(), 5000.0, round);
-        let summary = scenario::drive(&mut s, &queries, &Arrivals::At(arrivals), 0, |_| {}).expect("drive");
+        // A fixed step time: on the measured clock, a loaded machine's slower steps queue more
+        // arrivals per step, and the capacities below would depend on the machine's load.
+        let summary = scenario::drive_with(
+            &mut s,
+            &queries,
+            &Arrivals::At(arrivals),
+            0,
+            StepClock::Fixed(SOAK_STEP_S),
+            |_| {},
+        )
+        .expect("drive");
         assert_eq!(summary.queries, 1000);
         assert_eq!(summary.output_tokens, queries.iter().map(|q| q.max_new_tokens).sum::<usize>());
         total += summary.queries;
@@ -325,7 +338,36 @@ fn soak_server_thousands_of_short_requests() {
     for f in &footprints {
         assert_eq!((f.waiting, f.running, f.finished), (0, 0, 0));
     }
+    // The queue did build up (a soak that never queued would test little): the capacities here
+    // are 568 in every round, against 88 where the slots keep up.
+    assert!(footprints[0].capacity > 256, "{footprints:?}");
     // Capacities settle after the first round: later rounds reuse the buffers (a queue that
     // kept growing would at least double its allocation).
     assert!(footprints[2].capacity < 2 * footprints[0].capacity, "{footprints:?}");
+}
+
+/// On a fixed step clock a run's times are whole steps: the same summary on any machine.
+#[test]
+fn fixed_step_clock_counts_steps() {
+    let queries: Vec<requests::Query> = (0..20)
+        .map(|i| requests::Query { input_ids: vec![1 + i % 7; 3], max_new_tokens: 2 + i as usize % 3 })
+        .collect();
+    let arrivals = Arrivals::At((0..20).map(|i| f64::from(i) * 0.01).collect());
+    let run = |step| {
+        let mut s = sched(mock(4, 4, 64, 8), SamplingParams::GREEDY);
+        scenario::drive_with(&mut s, &queries, &arrivals, 0, step, |_| {})
+    };
+    let a = run(StepClock::Fixed(0.004)).expect("drive");
+    let b = run(StepClock::Fixed(0.004)).expect("drive");
+    assert_eq!(a, b);
+    let steps: u64 = a.decode_steps.iter().map(|d| d.steps).sum();
+    assert!(steps > 0 && a.steps >= 20, "{a:?}");
+    for d in &a.decode_steps {
+        assert!((d.seconds - d.steps as f64 * 0.004).abs() < 1e-9, "{d:?}");
+    }
+    // A query's latency is at least the one step that answered it, at most the run.
+    assert!(a.latency_s.p50 >= 0.004 && a.latency_s.p99 <= a.duration_s + 1e-9, "{a:?}");
+    for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        assert!(matches!(run(StepClock::Fixed(bad)), Err(EngineError::Config(_))), "step {bad}");
+    }
 }

@@ -8,7 +8,8 @@
 //! - **Offline**: every query at once.
 //!
 //! **Clock.** Runs use an *engine clock*: it advances by each step's measured duration (real wall
-//! time of the step, scheduling included), and jumps over idle gaps to the next arrival. An
+//! time of the step, scheduling included; or a fixed time per step, [`StepClock::Fixed`]), and
+//! jumps over idle gaps to the next arrival. An
 //! arrival joins the queue once the clock has passed it, so a Server run takes only the time its
 //! steps take and gives the same schedule for the same step times. Latencies are engine-clock
 //! differences: TTFT = end of the step that gave the first token - arrival; TPOT = (finish -
@@ -104,14 +105,42 @@ struct Flight {
     first: Option<f64>,
 }
 
-/// Runs `queries` through `sched` as `arrivals` says; `progress(done)` after each finished query.
+/// How the engine clock advances per step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum StepClock {
+    /// By the step's measured wall time (the scenarios' runs).
+    Measured,
+    /// By this many seconds per step, whatever the step took: the same schedule on any machine
+    /// under any load (tests, and what-if runs at an assumed step time).
+    Fixed(f64),
+}
+
+/// Runs `queries` through `sched` as `arrivals` says, on the measured engine clock;
+/// `progress(done)` after each finished query.
 pub fn drive<E: StepEngine>(
     sched: &mut Scheduler<E>,
     queries: &[Query],
     arrivals: &Arrivals,
     seed: u32,
+    progress: impl FnMut(usize),
+) -> Result<RunSummary, EngineError> {
+    drive_with(sched, queries, arrivals, seed, StepClock::Measured, progress)
+}
+
+/// [`drive`] with the engine clock advanced as `step_clock` says.
+pub fn drive_with<E: StepEngine>(
+    sched: &mut Scheduler<E>,
+    queries: &[Query],
+    arrivals: &Arrivals,
+    seed: u32,
+    step_clock: StepClock,
     mut progress: impl FnMut(usize),
 ) -> Result<RunSummary, EngineError> {
+    if let StepClock::Fixed(s) = step_clock
+        && !(s.is_finite() && s > 0.0)
+    {
+        return Err(EngineError::Config(format!("a fixed step time of {s} s")));
+    }
     let n = queries.len();
     if let Arrivals::At(t) = arrivals
         && t.len() != n
@@ -159,7 +188,10 @@ pub fn drive<E: StepEngine>(
         let Some(report) = sched.step()? else {
             return Err(EngineError::Config("the scheduler ran no step with sequences admitted".into()));
         };
-        let secs = report.duration.as_secs_f64();
+        let secs = match step_clock {
+            StepClock::Measured => report.duration.as_secs_f64(),
+            StepClock::Fixed(s) => s,
+        };
         clock += secs;
         steps += 1;
         if report.decode_rows > 0 {
