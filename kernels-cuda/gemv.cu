@@ -118,6 +118,29 @@ MW_DEV void chunk_dots(const Words (&w)[NW], const LinearParams& p, uint64_t l0,
 template <typename W, int R>
 constexpr bool SCALE_WEIGHTS = 16 / int(sizeof(W)) <= R;
 
+// One chunk of block-scaled weights (16 bytes of each of the NW matrices, columns l0 ..) into
+// acc: each matrix's scale of the chunk's block column (`cols`, then moved on to the lane's next
+// chunk) from its row of scales `s_rows[a]`, applied as SCALE_WEIGHTS says.
+template <typename W, typename Scale, int R, int NW>
+MW_DEV void scaled_chunk(const Words (&w)[NW], const LinearParams& p, uint64_t l0, const void* const (&s_rows)[NW],
+                         ChunkColumns& cols, float (&acc)[NW][R]) {
+    float s[NW];
+#pragma unroll
+    for (int a = 0; a < NW; ++a) s[a] = Scale::in_row(s_rows[a], cols.col);
+    cols.advance();
+    if constexpr (SCALE_WEIGHTS<W, R>) {
+        chunk_dots<W, R, NW, true, true>(w, p, l0, acc, s);
+    } else {
+        float dot[NW][R];
+        chunk_dots<W, R, NW>(w, p, l0, dot);
+#pragma unroll
+        for (int a = 0; a < NW; ++a) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[a][r] += dot[a][r] * s[a];
+        }
+    }
+}
+
 // Whether the rows of p's shape in every one of `weights` (and x) can stream in 16-byte words.
 template <typename W, typename Scale, int NW>
 MW_DEV bool vector_path(const LinearParams& p, const void* const (&weights)[NW]) {
@@ -164,21 +187,7 @@ MW_DEV void row_dots(const LinearParams& p, const void* const (&weights)[NW], co
             const uint64_t c = c0 + uint64_t(u) * MW_WARP;
             if (c >= chunks) break;
             if constexpr (Scale::BLOCKS) {
-                float s[NW];
-#pragma unroll
-                for (int a = 0; a < NW; ++a) s[a] = Scale::in_row(s_rows[a], cols.col);
-                cols.advance();
-                if constexpr (SCALE_WEIGHTS<W, R>) {
-                    chunk_dots<W, R, NW, true, true>(w_reg[u], p, c * VEC, acc, s);
-                } else {
-                    float dot[NW][R];
-                    chunk_dots<W, R, NW>(w_reg[u], p, c * VEC, dot);
-#pragma unroll
-                    for (int a = 0; a < NW; ++a) {
-#pragma unroll
-                        for (int r = 0; r < R; ++r) acc[a][r] += dot[a][r] * s[a];
-                    }
-                }
+                scaled_chunk<W, Scale, R>(w_reg[u], p, c * VEC, s_rows, cols, acc);
             } else {
                 // Unscaled chunks go straight into the sums (no second set of NW x R registers).
                 chunk_dots<W, R, NW, true>(w_reg[u], p, c * VEC, acc);
@@ -219,9 +228,9 @@ MW_DEV void gemv_blocks(const LinearParams& p, uint32_t block, uint32_t blocks) 
     for (uint64_t j = uint64_t(block) * GEMV_WARPS + threadIdx.x / MW_WARP; j < p.n; j += warps) {
         const W* w_row = reinterpret_cast<const W*>(p.weight) + j * p.k;
         const Words* w_words = reinterpret_cast<const Words*>(w_row);
-        [[maybe_unused]] const void* s_row = nullptr;
+        [[maybe_unused]] const void* s_row[1] = {nullptr};
         [[maybe_unused]] ChunkColumns cols = first_cols;
-        if constexpr (Scale::BLOCKS) s_row = Scale::row(p, p.scales, j);
+        if constexpr (Scale::BLOCKS) s_row[0] = Scale::row(p, p.scales, j);
         float acc[1][R];
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[0][r] = 0.0f;
@@ -237,16 +246,7 @@ MW_DEV void gemv_blocks(const LinearParams& p, uint32_t block, uint32_t blocks) 
                 const uint64_t c = c0 + uint64_t(u) * MW_WARP;
                 if (c >= chunks) break;
                 if constexpr (Scale::BLOCKS) {
-                    const float s[1] = {Scale::in_row(s_row, cols.col)};
-                    cols.advance();
-                    if constexpr (SCALE_WEIGHTS<W, R>) {
-                        chunk_dots<W, R, 1, true, true>(w_reg[u], p, c * VEC, acc, s);
-                    } else {
-                        float dot[1][R];
-                        chunk_dots<W, R, 1>(w_reg[u], p, c * VEC, dot);
-#pragma unroll
-                        for (int r = 0; r < R; ++r) acc[0][r] += dot[0][r] * s[0];
-                    }
+                    scaled_chunk<W, Scale, R>(w_reg[u], p, c * VEC, s_row, cols, acc);
                 } else {
                     float dot[1][R];
                     chunk_dots<W, R, 1>(w_reg[u], p, c * VEC, dot);

@@ -16,7 +16,7 @@
 #      engine over 4 GiB, against the datasheet) and `memwall run --backend cuda` on a parity
 #      fixture;
 #   4. runs benches/gpu/: the copy peak, then GEMV at the Llama 3.1 8B shapes (bf16, e4m3fn
-#      per-channel) and decode attention at 8192 positions (32 q / 8 kv heads x 128, bf16 paged
+#      per-channel; batch 1, and 4 and 16 rows at the gate/up matrix) and decode attention at 8192 positions (32 q / 8 kv heads x 128, bf16 paged
 #      cache, batch 1, 4 and 16) as a percentage of it, and prefill GEMM (512 and 2048 rows,
 #      bf16) in TFLOP/s; each against cuBLAS where it has a peer, each checked against an f64
 #      host reference before it is timed;

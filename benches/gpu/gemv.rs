@@ -1,11 +1,13 @@
-//! GEMV (`y[1, n] = x[1, k] . W[n, k]^T`, f32 activations) through the `Backend` trait at the
+//! GEMV (`y[m, n] = x[m, k] . W[n, k]^T`, f32 activations) through the `Backend` trait at the
 //! Llama 3.1 8B layer shapes, weights bf16 (no scale) and e4m3fn with per-channel f32 scales, each
-//! shape rotating over enough copies of its weight to fill 1 GiB. The peer: cuBLAS
-//! `cublasGemmEx` (bf16 W and x, f32 y and compute: the closest it offers to our f32-activation
-//! GEMV; its bytes are counted the same way) on the same weight copies; fp8 has no plain cuBLAS
-//! GEMV (cublasLt only), so those lines have no peer yet. Bytes are
-//! `memwall_runtime::cost::linear_bytes` (weight + scales + x + y). Before timing, four rows of
-//! each shape are checked against an f64 dot product.
+//! shape rotating over enough copies of its weight to fill 1 GiB: batch 1 at every shape, then
+//! batched decode (`BATCHES`: the 4- and 16-row tiles of gemv.cu, each weight read once for all
+//! rows) at the fused gate/up matrix. The peer: cuBLAS `cublasGemmEx` (bf16 W and x, f32 y and
+//! compute: the closest it offers to our f32-activation GEMV; its bytes are counted the same way)
+//! on the same weight copies; fp8 has no plain cuBLAS GEMV (cublasLt only), so those lines have no
+//! peer yet. Bytes are `memwall_runtime::cost::linear_bytes` (weight + scales + x + y). Before
+//! timing, four rows of y (of the first and last rows of x) are checked against an f64 dot
+//! product.
 //!
 //! Then the fused gate/up GEMV with its SiLU product (`gate_up_silu`) at the 8B MLP shape (n
 //! 14336, k 4096 each), gate and up rotating in pairs over the same working set; bytes are
@@ -23,11 +25,15 @@ use super::{Ctx, CudaGpu, Storage, WORKING_SET, best_rotation, random_bytes, ran
 /// Llama 3.1 8B projections of one layer, `(n rows, k cols)`: q, fused q/k/v, fused gate/up, down.
 pub const SHAPES: [(usize, usize); 4] = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336)];
 const WEIGHT_DTYPES: [DType; 2] = [DType::BF16, DType::F8E4M3Fn];
+/// Batched decode: `(m rows, n, k)`, the fused gate/up matrix of the 8B at the GEMV's 4- and 16-row
+/// tiles (gemv.cu's 16-row tile is issue-bound by its instruction count: this line says how far).
+const BATCHES: [(usize, usize, usize); 2] = [(4, 28672, 4096), (16, 28672, 4096)];
 /// Llama 3.1 8B gate and up projections, `(n, k)` each.
 const GATE_UP: (usize, usize) = (14336, 4096);
 
 struct Shape {
     dtype: DType,
+    m: usize,
     n: usize,
     k: usize,
     weights: Vec<Linear<Storage>>,
@@ -36,7 +42,7 @@ struct Shape {
     bytes_per_call: u64,
 }
 
-fn setup(gpu: &CudaGpu, dtype: DType, n: usize, k: usize) -> Shape {
+fn setup(gpu: &CudaGpu, dtype: DType, (m, n, k): (usize, usize, usize)) -> Shape {
     let w_bytes = random_bytes(dtype, n * k, 0x5eed ^ n as u64 ^ (k as u64) << 32);
     let scales: Option<Vec<f32>> =
         dtype.is_fp8().then(|| random_unit(n, 3).iter().map(|u| (0.75 + 0.25 * u) / 448.0).collect());
@@ -52,29 +58,35 @@ fn setup(gpu: &CudaGpu, dtype: DType, n: usize, k: usize) -> Shape {
             },
         })
         .collect();
-    let x_values = random_unit(k, 7);
-    let x = gpu.upload_f32(DType::F32, &[1, k], &x_values).expect("upload x");
-    let y = gpu.alloc(DType::F32, &[1, n]).expect("allocate y");
+    let x_values = random_unit(m * k, 7);
+    let x = gpu.upload_f32(DType::F32, &[m, k], &x_values).expect("upload x");
+    let y = gpu.alloc(DType::F32, &[m, n]).expect("allocate y");
     let layout = if dtype.is_fp8() { ScaleLayout::PerChannel(DType::F32) } else { ScaleLayout::None };
-    let bytes_per_call = linear_bytes(1, n, k, dtype, layout, DType::F32).expect("bytes");
-    let mut s = Shape { dtype, n, k, weights, x, y, bytes_per_call };
+    let bytes_per_call = linear_bytes(m, n, k, dtype, layout, DType::F32).expect("bytes");
+    let mut s = Shape { dtype, m, n, k, weights, x, y, bytes_per_call };
     check(gpu, &mut s, &w_bytes, scales.as_deref(), &x_values);
     s
 }
 
-/// Four rows of y against an f64 dot product: within k f32 roundings of the sum of |products|.
+/// Four rows of y for the first and last rows of x against an f64 dot product: within k f32
+/// roundings of the sum of |products|.
 fn check(gpu: &CudaGpu, s: &mut Shape, w: &[u8], scales: Option<&[f32]>, x: &[f32]) {
     super::poison(gpu, &mut s.y);
     gpu.linear(&s.x, &s.weights[0], &mut s.y).expect("linear");
     let y = super::read_f32(gpu, &s.y);
     let row_bytes = s.k * s.dtype.size();
-    for row in [0, 1, s.n / 2, s.n - 1] {
-        let wr = decode_f32(s.dtype, &w[row * row_bytes..(row + 1) * row_bytes]).expect("decode row");
-        let sc = scales.map_or(1.0, |v| f64::from(v[row]));
-        let dot: f64 = wr.iter().zip(x).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum::<f64>() * sc;
-        let abs: f64 = wr.iter().zip(x).map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs()).sum::<f64>() * sc;
-        let tol = s.k as f64 * f64::from(f32::EPSILON) * abs;
-        super::expect_close(&format!("gemv {} {}x{} row {row}", s.dtype, s.n, s.k), y[row], dot, tol);
+    for i in [0, s.m - 1] {
+        let xi = &x[i * s.k..(i + 1) * s.k];
+        for row in [0, 1, s.n / 2, s.n - 1] {
+            let wr = decode_f32(s.dtype, &w[row * row_bytes..(row + 1) * row_bytes]).expect("decode row");
+            let sc = scales.map_or(1.0, |v| f64::from(v[row]));
+            let dot: f64 = wr.iter().zip(xi).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum::<f64>() * sc;
+            let abs: f64 =
+                wr.iter().zip(xi).map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs()).sum::<f64>() * sc;
+            let tol = s.k as f64 * f64::from(f32::EPSILON) * abs;
+            let what = format!("gemv {} {}x{}x{} x row {i} y row {row}", s.dtype, s.m, s.n, s.k);
+            super::expect_close(&what, y[i * s.n + row], dot, tol);
+        }
     }
 }
 
@@ -83,15 +95,20 @@ pub fn run(ctx: &Ctx, c: &mut Criterion, lines: &mut Vec<String>) {
     for dtype in WEIGHT_DTYPES {
         let mut group = c.benchmark_group(format!("gpu_gemv_{dtype}"));
         group.sampling_mode(SamplingMode::Flat);
-        for (n, k) in SHAPES {
-            let label = format!("gemv {dtype} {n}x{k}");
+        let shapes = SHAPES.iter().map(|&(n, k)| (1, n, k)).chain(BATCHES);
+        for (m, n, k) in shapes {
+            let label = if m == 1 {
+                format!("gemv {dtype} {n}x{k}")
+            } else {
+                format!("gemv {dtype} batch {m} {n}x{k}")
+            };
             if ctx.out_of_time(&label, lines) {
                 continue;
             }
-            let mut s = setup(gpu, dtype, n, k);
+            let mut s = setup(gpu, dtype, (m, n, k));
             group.throughput(Throughput::Bytes(s.bytes_per_call));
             let mut next = 0usize;
-            group.bench_function(format!("{n}x{k}"), |b| {
+            group.bench_function(format!("{m}x{n}x{k}"), |b| {
                 b.iter_custom(|iters| {
                     let Shape { weights, x, y, .. } = &mut s;
                     timed_calls(gpu, iters, weights.len(), &mut next, |i| gpu.linear(x, &weights[i], y))
@@ -104,20 +121,20 @@ pub fn run(ctx: &Ctx, c: &mut Criterion, lines: &mut Vec<String>) {
             let gbs = s.bytes_per_call as f64 / per_call / 1e9;
             let peer = match (&ctx.blas, dtype) {
                 (Ok(blas), DType::BF16) => {
-                    let x_host = random_unit(k, 7);
-                    let x = gpu.upload_f32(DType::BF16, &[1, k], &x_host).expect("upload bf16 x");
-                    let mut y = gpu.alloc(DType::F32, &[1, n]).expect("allocate y");
+                    let x_host = random_unit(m * k, 7);
+                    let x = gpu.upload_f32(DType::BF16, &[m, k], &x_host).expect("upload bf16 x");
+                    let mut y = gpu.alloc(DType::F32, &[m, n]).expect("allocate y");
                     super::gemm::check_cublas(
                         gpu,
                         blas,
-                        (1, n, k),
+                        (m, n, k),
                         &s.weights[0].weight,
                         &x,
                         &x_host,
                         &mut y,
                     );
                     let t = best_rotation(gpu, s.weights.len(), |i| {
-                        blas.gemm_bf16((1, n, k), &s.weights[i].weight, &x, &mut y)
+                        blas.gemm_bf16((m, n, k), &s.weights[i].weight, &x, &mut y)
                     });
                     format!("{:.2}x cuBLAS ({:.1} GB/s)", t / per_call, s.bytes_per_call as f64 / t / 1e9)
                 }
@@ -144,10 +161,10 @@ pub fn run(ctx: &Ctx, c: &mut Criterion, lines: &mut Vec<String>) {
 fn gate_up_line(ctx: &Ctx, dtype: DType, label: &str) -> String {
     let gpu = &ctx.gpu;
     let (n, k) = GATE_UP;
-    let mut gate = setup(gpu, dtype, n, k);
+    let mut gate = setup(gpu, dtype, (1, n, k));
     let copies = gate.weights.len().div_ceil(2);
     gate.weights.truncate(copies);
-    let mut up = setup(gpu, dtype, n, k);
+    let mut up = setup(gpu, dtype, (1, n, k));
     up.weights.truncate(copies);
     let alloc = || gpu.alloc(DType::F32, &[1, n]).expect("allocate gate_up_silu buffers");
     let (mut s0, mut s1, mut out) = (alloc(), alloc(), alloc());

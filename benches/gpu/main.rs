@@ -3,8 +3,8 @@
 //! built executable):
 //! 1. the copy peak: `cuMemcpyDtoDAsync` of 1 GiB, read + written bytes over CUDA-event time,
 //!    best of 10, before and after the kernels;
-//! 2. GEMV at the Llama 3.1 8B layer shapes (bf16, e4m3fn per-channel), against the copy peak and
-//!    cuBLAS (`gemv.rs`);
+//! 2. GEMV at the Llama 3.1 8B layer shapes (bf16, e4m3fn per-channel), batch 1, and batched decode
+//!    (4 and 16 rows) at the fused gate/up matrix, against the copy peak and cuBLAS (`gemv.rs`);
 //! 3. decode attention at 8192 positions of context, Llama 3.1 8B heads (32 query, 8 KV, head_dim
 //!    128, bf16 paged KV cache), batch 1, 4 and 16, against the copy peak (`attention.rs`);
 //! 4. GEMM (prefill, 512 and 2048 rows) at the same layer shapes, bf16 weights, against cuBLAS in

@@ -131,9 +131,9 @@ pub fn kernel_name(
     Some(intern(format!("{family}_{w}{s}{r}")))
 }
 
-/// The smallest GEMV row tile that holds `m` rows.
-pub fn gemv_row_tile(m: usize) -> Option<usize> {
-    GEMV_ROW_TILES.into_iter().find(|&r| r >= m)
+/// The smallest of `tiles` (ascending row tiles of a kernel family) that holds `m` rows.
+pub fn row_tile(tiles: &[usize], m: usize) -> Option<usize> {
+    tiles.iter().copied().find(|&r| r >= m)
 }
 
 /// The GEMV grid: one warp per output feature, capped where grid-striding takes over.
@@ -244,7 +244,7 @@ pub(crate) fn linear<D: Device>(
     if d.m > GEMV_MAX_ROWS {
         return super::gemm::gemm(g, d, x, w, y);
     }
-    let rows = gemv_row_tile(d.m).ok_or_else(|| super::unsupported("linear", g.name()))?;
+    let rows = row_tile(&GEMV_ROW_TILES, d.m).ok_or_else(|| super::unsupported("linear", g.name()))?;
     let cfg = gemv_launch(d.n, g.device().info())?;
     launch_linear(g, d, x, w, y, ("gemv", Some(rows)), cfg)
 }
@@ -314,7 +314,7 @@ pub(crate) fn gate_up_silu<D: Device>(
     out: &mut T<D>,
 ) -> Result<()> {
     let op = "gate_up_silu";
-    let Some(rows) = GATE_UP_ROW_TILES.into_iter().find(|&r| r >= d.m) else {
+    let Some(rows) = row_tile(&GATE_UP_ROW_TILES, d.m) else {
         return crate::backend::gate_up_silu_composed(g, d, x, w_gate, w_up, scratch, out);
     };
     let (scale_dtype, gate_scales, block_rows, block_cols, gate_scale) = weight_params::<D>(d, w_gate)?;
@@ -366,7 +366,7 @@ pub(crate) fn qkv<D: Device>(
         [weight_params::<D>(d[0], w[0])?, weight_params::<D>(d[1], w[1])?, weight_params::<D>(d[2], w[2])?];
     let one_kernel = w.iter().all(|wi| wi.weight.dtype() == w[0].weight.dtype())
         && scales.iter().all(|s| s.0 == scales[0].0);
-    let rows = QKV_ROW_TILES.into_iter().find(|&r| r >= d[0].m).filter(|_| one_kernel);
+    let rows = row_tile(&QKV_ROW_TILES, d[0].m).filter(|_| one_kernel);
     let name = rows.and_then(|r| kernel_name(op, w[0].weight.dtype(), scales[0].0, Some(r)));
     let Some(name) = name else {
         let [q, k, v] = y;
@@ -415,12 +415,15 @@ mod tests {
 
     #[test]
     fn row_tiles() {
-        assert_eq!(gemv_row_tile(1), Some(1));
-        assert_eq!(gemv_row_tile(2), Some(4));
-        assert_eq!(gemv_row_tile(4), Some(4));
-        assert_eq!(gemv_row_tile(5), Some(16));
-        assert_eq!(gemv_row_tile(16), Some(16));
-        assert_eq!(gemv_row_tile(17), None);
+        let gemv = |m| row_tile(&GEMV_ROW_TILES, m);
+        assert_eq!(
+            [gemv(1), gemv(2), gemv(4), gemv(5), gemv(16), gemv(17)],
+            [Some(1), Some(4), Some(4), Some(16), Some(16), None]
+        );
+        assert_eq!(row_tile(&GATE_UP_ROW_TILES, 4), Some(4));
+        assert_eq!(row_tile(&GATE_UP_ROW_TILES, 5), None);
+        assert_eq!(row_tile(&QKV_ROW_TILES, 1), Some(1));
+        assert_eq!(row_tile(&QKV_ROW_TILES, 2), None);
     }
 
     #[test]
