@@ -26,6 +26,13 @@
 //                          as three gemv launches with those grids. One row only: the selected
 //                          part's params live in registers, and the r4 / r16 forms spilled (up to
 //                          108 bytes on sm_90a), so more rows go to three gemv launches
+// gemv_j4_<w>[_block_<s>]_r4
+//                          gemv_<w>[_block_<s>]_r4's products, each warp on four consecutive
+//                          output features at once, so each x element loaded serves four weight
+//                          elements (row_dots over four rows of one matrix): the batched form
+//                          that reads x through L1 a quarter as often per weight byte (below).
+//                          Taken by the launcher where Gpu::set_gemv_warp_rows(4) asks for it
+//                          (benches/gpu compares the two; not yet measured on a GPU)
 // linear_x_f32_<t>         out[i] = x[i] widened to f32, t in {bf16, f16}
 //
 // Launch (runtime/src/gpu/ops/linear.rs): GEMV_WARPS warps per block, one warp per output j
@@ -55,6 +62,20 @@
 // per cycle, each for 32 lanes' words, so a loop above about 128 instructions per word cannot keep
 // up. The 16-row tile issues about 500 per e4m3fn word (16 x 16 multiply-adds and 16 rows of x):
 // above 4 rows the GEMV is bound by issue, not memory, and belongs on tensor cores.
+//
+// x through L1: a lane reads, per row of x, sizeof(f32) / sizeof(w) bytes of x for each weight
+// byte (x is f32, hot in L1: every warp reads the same x). At R rows that is 4 R bytes per fp8
+// weight byte and 2 R per bf16 one. An SM's L1 delivers about 128 bytes per cycle, and at the
+// H200's copy peak an SM takes about 18 weight bytes per cycle, so the L1 caps the weight stream
+// at 128 / (4 R) bytes per cycle for fp8: about 32 at R = 1 (above the 18 needed), 8 at R = 4
+// (44% of it), 2 at R = 16; bf16 64, 16 (89%) and 4. So the batched tiles are bound by L1 as much
+// as by issue: gemv_j4 cuts the x bytes per weight byte by four at R = 4 (fp8 then as R = 1 is
+// now); the 16-row tile's cure is the tensor cores (x staged once in shared memory for many
+// output features). These are estimates from the instruction stream, not measurements:
+// benches/gpu's batch lines measure them. The 4-row chunk loops on sm_90a (nvcc 13.0), in
+// instructions per 16-byte weight word and x's 16-byte loads per weight word: e4m3fn gemv_r4 153
+// and 16, gemv_j4 120 and 4; with f32 block scales 165 and 16, 133 and 4; bf16 110 and 8, 85 and
+// 2 (gemv_j4 holds more registers: 127 to 168 against 56 to 80, so fewer warps per SM).
 //
 // Accuracy: f32 products and sums; fp8 / 16-bit / bf16 scales widen exactly. Each term
 // x * w (* s) meets at most k + 8 roundings (two products, the chunk sum, the lane's running sum,
@@ -151,13 +172,14 @@ MW_DEV bool vector_path(const LinearParams& p, const void* const (&weights)[NW])
     return vec;
 }
 
-// This lane's share of sum_l x[r][l] * W_real[j][l] for the R rows of x and row j of each of the NW
-// matrices `weights` of p's shape (x, m, k, block shape), with block scales `scales` applied
-// (per-tensor scales not): acc[a][r], to be reduced over the warp. `vec` from vector_path. The
-// whole GEMV algorithm of the header comment; gemv and gate_up_silu both run it.
+// This lane's share of sum_l x[r][l] * W_real[j_a][l] for the R rows of x and row j_a = rows[a] of
+// each of the NW matrices `weights` of p's shape (x, m, k, block shape), with block scales
+// `scales` applied (per-tensor scales not): acc[a][r], to be reduced over the warp. `vec` from
+// vector_path. The whole GEMV algorithm of the header comment; gate_up_silu (gate and up at one j)
+// and gemv_j4 (four rows of one matrix) run it.
 template <typename W, typename Scale, int R, int NW>
 MW_DEV void row_dots(const LinearParams& p, const void* const (&weights)[NW], const void* const (&scales)[NW],
-                     bool vec, ChunkColumns cols, uint64_t j, int lane, float (&acc)[NW][R]) {
+                     bool vec, ChunkColumns cols, const uint64_t (&rows)[NW], int lane, float (&acc)[NW][R]) {
     constexpr int VEC = 16 / sizeof(W);
     // GEMV_UNROLL words in flight per lane, whatever NW: as many bytes as gemv's one row.
     constexpr int UNROLL = GEMV_UNROLL / NW;
@@ -167,8 +189,8 @@ MW_DEV void row_dots(const LinearParams& p, const void* const (&weights)[NW], co
     [[maybe_unused]] const void* s_rows[NW];
 #pragma unroll
     for (int a = 0; a < NW; ++a) {
-        w_rows[a] = reinterpret_cast<const W*>(weights[a]) + j * p.k;
-        if constexpr (Scale::BLOCKS) s_rows[a] = Scale::row(p, scales[a], j);
+        w_rows[a] = reinterpret_cast<const W*>(weights[a]) + rows[a] * p.k;
+        if constexpr (Scale::BLOCKS) s_rows[a] = Scale::row(p, scales[a], rows[a]);
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[a][r] = 0.0f;
     }
@@ -199,7 +221,7 @@ MW_DEV void row_dots(const LinearParams& p, const void* const (&weights)[NW], co
 #pragma unroll
         for (int a = 0; a < NW; ++a) {
             float wl = mw::to_f32(w_rows[a][l]);
-            if constexpr (Scale::BLOCKS) wl *= Scale::at(p, scales[a], j, l);
+            if constexpr (Scale::BLOCKS) wl *= Scale::at(p, scales[a], rows[a], l);
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 if (uint64_t(r) < p.m) acc[a][r] += p.x[r * p.k + l] * wl;
@@ -277,6 +299,44 @@ MW_DEV void gemv(const LinearParams& p) {
     gemv_blocks<W, Scale, R>(p, blockIdx.x, gridDim.x);
 }
 
+// gemv_j4: the same products, each warp on J4 consecutive rows of W at once (rows j .. j + 3 of
+// group j / 4; past the last row the warp recomputes row n - 1 and stores nothing), so each x
+// element a lane loads serves four weight elements (row_dots over four rows of one matrix): a
+// quarter of the x traffic through L1 per weight byte (see the header), the same weight bytes in
+// flight per lane (GEMV_UNROLL words: one of each row).
+constexpr int J4 = 4;
+template <typename W, typename Scale, int R>
+MW_DEV void gemv_j4(const LinearParams& p) {
+    static_assert(J4 == 4, "the arrays below list J4 entries");
+    const void* const weights[J4] = {p.weight, p.weight, p.weight, p.weight};
+    const void* const scales[J4] = {p.scales, p.scales, p.scales, p.scales};
+    const int lane = threadIdx.x % MW_WARP;
+    const uint64_t warps = uint64_t(gridDim.x) * GEMV_WARPS;
+    const bool vec = vector_path<W, Scale>(p, weights);
+    [[maybe_unused]] ChunkColumns first_cols;
+    if constexpr (Scale::BLOCKS) {
+        if (vec) first_cols = ChunkColumns(lane, p.block_cols / (16 / sizeof(W)), MW_WARP);
+    }
+    const uint64_t groups = (p.n + J4 - 1) / J4;
+    for (uint64_t group = uint64_t(blockIdx.x) * GEMV_WARPS + threadIdx.x / MW_WARP; group < groups;
+         group += warps) {
+        uint64_t rows[J4];
+#pragma unroll
+        for (int a = 0; a < J4; ++a) rows[a] = group * J4 + a < p.n ? group * J4 + a : p.n - 1;
+        float acc[J4][R];
+        row_dots<W, Scale, R>(p, weights, scales, vec, first_cols, rows, lane, acc);
+#pragma unroll
+        for (int a = 0; a < J4; ++a) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const float total = mw::warp_sum(acc[a][r]);
+                if (lane == 0 && uint64_t(r) < p.m && group * J4 + a < p.n)
+                    store_y(p, r, group * J4 + a, Scale::BLOCKS ? total : total * p.scale);
+            }
+        }
+    }
+}
+
 // Each block runs the GEMV of its part over that part's blocks. The part's params are selected
 // field by field (a copy under block-uniform conditions), never indexed by a runtime value, so
 // they stay in registers.
@@ -313,8 +373,9 @@ MW_DEV void gate_up_silu(const GateUpParams& p) {
         if (vec) first_cols = ChunkColumns(lane, g.block_cols / (16 / sizeof(W)), MW_WARP);
     }
     for (uint64_t j = uint64_t(blockIdx.x) * GEMV_WARPS + threadIdx.x / MW_WARP; j < g.n; j += warps) {
+        const uint64_t rows[2] = {j, j};
         float acc[2][R];
-        row_dots<W, Scale, R>(g, weights, scales, vec, first_cols, j, lane, acc);
+        row_dots<W, Scale, R>(g, weights, scales, vec, first_cols, rows, lane, acc);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             const float gate = mw::warp_sum(acc[0][r]);
@@ -329,8 +390,8 @@ MW_DEV void gate_up_silu(const GateUpParams& p) {
 
 }  // namespace mw_gemv
 
-// gemv at each row tile, qkv for one row, gate_up_silu for one and four, for one weight dtype and
-// scale kind.
+// gemv at each row tile, qkv for one row, gate_up_silu for one and four, gemv_j4 for four, for one
+// weight dtype and scale kind.
 #define MW_GEMV_ROWS(family, Params, wname, W, Scale, sname)                                           \
     MW_KERNEL_BOUNDS(family##_##wname##sname##_r1, Params, mw_gemv::GEMV_THREADS) {                  \
         mw_gemv::family<W, Scale, 1>(p);                                                             \
@@ -351,6 +412,9 @@ MW_DEV void gate_up_silu(const GateUpParams& p) {
     }                                                                                                \
     MW_KERNEL_BOUNDS(gate_up_silu_##wname##sname##_r4, GateUpParams, mw_gemv::GEMV_THREADS) {        \
         mw_gemv::gate_up_silu<W, Scale, 4>(p);                                                       \
+    }                                                                                                \
+    MW_KERNEL_BOUNDS(gemv_j4_##wname##sname##_r4, LinearParams, mw_gemv::GEMV_THREADS) {             \
+        mw_gemv::gemv_j4<W, Scale, 4>(p);                                                            \
     }
 #define MW_GEMV_PLAIN(wname, W, _) MW_GEMV_KINDS(wname, W, mw_linear::NoBlocks, )
 #define MW_GEMV_BLOCK_F32(wname, W, _) MW_GEMV_KINDS(wname, W, mw_linear::Blocks<float>, _block_f32)

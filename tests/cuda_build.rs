@@ -244,8 +244,11 @@ fn ocp_fp8_gemv_uses_the_hardware_conversion() {
         }
         if number >= 89 {
             // Each family's row tiles, 3 scale kinds (none, f32 and bf16 blocks), 2 formats.
-            use ops::linear::{GATE_UP_ROW_TILES, GEMV_ROW_TILES, QKV_ROW_TILES};
-            let tiles = GEMV_ROW_TILES.len() + GATE_UP_ROW_TILES.len() + QKV_ROW_TILES.len();
+            use ops::linear::{GATE_UP_ROW_TILES, GEMV_J4_ROW_TILES, GEMV_ROW_TILES, QKV_ROW_TILES};
+            let tiles = GEMV_ROW_TILES.len()
+                + GATE_UP_ROW_TILES.len()
+                + QKV_ROW_TILES.len()
+                + GEMV_J4_ROW_TILES.len();
             assert_eq!(gemv_kernels, 2 * 3 * tiles, "{target}: OCP fp8 GEMV kernels");
         }
     }

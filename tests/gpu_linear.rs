@@ -25,7 +25,7 @@ use common::gpu::linear_to_backend;
 use common::{Rng, *};
 use memwall_runtime::cpu::Reference;
 use memwall_runtime::gpu::ops::gemm::{GemmPath, gemm_path};
-use memwall_runtime::gpu::{DeviceInfo, Vendor};
+use memwall_runtime::gpu::{Device, DeviceInfo, Gpu, Vendor};
 use memwall_runtime::ops::LinearDims;
 use memwall_runtime::{Backend, DType, HostStorage, Linear, WeightScale};
 use proptest::prelude::*;
@@ -521,6 +521,55 @@ fn exact_parts<B: Backend>(b: &B) {
     }
 }
 
+/// The 4-row GEMV with four output features per warp (`Gpu::set_gemv_warp_rows(4)`: gemv_j4 of
+/// gemv.cu) against the reference within the GEMV's bound: every weight dtype and scale kind on the
+/// scalar (k = 17) and vector (k = 128) paths at 2 to 4 rows, with output counts that leave 1 to 4
+/// features in the last group of four (n = 1, 5, 18, 71, 19); then 4 rows at k = 4096 with block
+/// columns of every stride (as `block_columns_at_long_k`). Other row counts keep their tiles, and
+/// the setting takes only 1 or 4.
+fn gemv_four_features_per_warp<D: Device>(g: &Gpu<D>) {
+    assert!(g.set_gemv_warp_rows(3).is_err() && g.set_gemv_warp_rows(0).is_err());
+    g.set_gemv_warp_rows(4).expect("4 features per warp");
+    assert_eq!(g.gemv_warp_rows(), 4);
+    let mut seed = 0x04f0_0001u64;
+    let shapes = [(2, 1), (3, 5), (4, 18), (4, 71), (1, 19), (9, 19)];
+    for weight in DType::FLOATS {
+        for (scale, scale_dtype) in [
+            (ScaleKind::None, DType::F32),
+            (ScaleKind::PerTensor, DType::F32),
+            (ScaleKind::PerChannel, DType::BF16),
+            (ScaleKind::Block(128, 128), DType::BF16),
+            (ScaleKind::Block(3, 5), DType::F32),
+            (ScaleKind::Block(2, 32), DType::F32),
+        ] {
+            for (i, &(m, n)) in shapes.iter().enumerate() {
+                seed += 1;
+                let k = if i % 2 == 0 { 128 } else { 17 };
+                let (x, y) = if i == 2 { (DType::BF16, DType::BF16) } else { (DType::F32, DType::F32) };
+                check(g, &Case { m, n, k, weight, scale, scale_dtype, x, y, seed });
+            }
+        }
+    }
+    for weight in [DType::F8E4M3Fn, DType::BF16] {
+        for scale in [ScaleKind::PerChannel, ScaleKind::Block(5, 48), ScaleKind::Block(2, 640)] {
+            seed += 1;
+            let c = Case {
+                m: 4,
+                n: 19,
+                k: 4096,
+                weight,
+                scale,
+                scale_dtype: DType::F32,
+                x: DType::F32,
+                y: DType::F32,
+                seed,
+            };
+            check(g, &c);
+        }
+    }
+    g.set_gemv_warp_rows(1).expect("back to 1");
+}
+
 /// x and y at 3 of 9 allocated rows: the kernels read and write only their rows.
 fn set_rows_respected<B: Backend>(b: &B) {
     let mut rng = Rng::new(0x5e7_11ea);
@@ -599,6 +648,16 @@ mod emulated {
         long_k(&b);
     }
 
+    /// At warp 32 and 64 (the cuda-emu random schedule and hip-emu).
+    #[test]
+    fn gemv_four_features_per_warp_matches_reference() {
+        let mut emulated = gpu::emulated();
+        let hip = emulated.pop().expect("hip-emu");
+        for (_, b) in [emulated.swap_remove(2), hip] {
+            gemv_four_features_per_warp(&b);
+        }
+    }
+
     /// The cursor's steps are a warp of chunks: 32 lanes on the CUDA image, 64 on the HIP one.
     #[test]
     fn gemv_block_columns_at_long_k() {
@@ -660,6 +719,10 @@ device_tests! {
 
     fn gemv_block_columns_at_long_k(b, who) {
         block_columns_at_long_k(&b);
+    }
+
+    fn gemv_four_features_per_warp_matches_reference(b, who) {
+        gemv_four_features_per_warp(&b);
     }
 
     fn gate_up_silu_matches_reference(b, who) {

@@ -2,10 +2,10 @@
 //! Llama 3.1 8B layer shapes, weights bf16 (no scale) and e4m3fn with per-channel f32 scales, each
 //! shape rotating over enough copies of its weight to fill 1 GiB: batch 1 at every shape, then
 //! batched decode (`BATCHES`: the 4- and 16-row tiles of gemv.cu, each weight read once for all
-//! rows) at the fused gate/up matrix. The peer: cuBLAS `cublasGemmEx` (bf16 W and x, f32 y and
-//! compute: the closest it offers to our f32-activation GEMV; its bytes are counted the same way)
-//! on the same weight copies; fp8 has no plain cuBLAS GEMV (cublasLt only), so those lines have no
-//! peer yet. Bytes are `memwall_runtime::cost::linear_bytes` (weight + scales + x + y). Before
+//! rows; the 4-row one also with four output features per warp, `j4`) at the fused gate/up
+//! matrix. The peer: cuBLAS `cublasGemmEx` (bf16 W and x, f32 y and compute: the closest it
+//! offers to our f32-activation GEMV; its bytes are counted the same way) on the same weight
+//! copies; fp8 has no plain cuBLAS GEMV (cublasLt only), so those lines have no peer yet. Bytes are `memwall_runtime::cost::linear_bytes` (weight + scales + x + y). Before
 //! timing, four rows of y (of the first and last rows of x) are checked against an f64 dot
 //! product.
 //!
@@ -25,9 +25,11 @@ use super::{Ctx, CudaGpu, Storage, WORKING_SET, best_rotation, random_bytes, ran
 /// Llama 3.1 8B projections of one layer, `(n rows, k cols)`: q, fused q/k/v, fused gate/up, down.
 pub const SHAPES: [(usize, usize); 4] = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336)];
 const WEIGHT_DTYPES: [DType; 2] = [DType::BF16, DType::F8E4M3Fn];
-/// Batched decode: `(m rows, n, k)`, the fused gate/up matrix of the 8B at the GEMV's 4- and 16-row
-/// tiles (gemv.cu's 16-row tile is issue-bound by its instruction count: this line says how far).
-const BATCHES: [(usize, usize, usize); 2] = [(4, 28672, 4096), (16, 28672, 4096)];
+/// Batched decode: `(m rows, n, k, output features per warp)`, the fused gate/up matrix of the 8B
+/// at the GEMV's 4- and 16-row tiles, the 4-row one both ways (`Gpu::set_gemv_warp_rows`: gemv.cu
+/// estimates both tiles bound by x's reads through L1 and by issue; these lines measure it).
+const BATCHES: [(usize, usize, usize, usize); 3] =
+    [(4, 28672, 4096, 1), (4, 28672, 4096, 4), (16, 28672, 4096, 1)];
 /// Llama 3.1 8B gate and up projections, `(n, k)` each.
 const GATE_UP: (usize, usize) = (14336, 4096);
 
@@ -95,20 +97,22 @@ pub fn run(ctx: &Ctx, c: &mut Criterion, lines: &mut Vec<String>) {
     for dtype in WEIGHT_DTYPES {
         let mut group = c.benchmark_group(format!("gpu_gemv_{dtype}"));
         group.sampling_mode(SamplingMode::Flat);
-        let shapes = SHAPES.iter().map(|&(n, k)| (1, n, k)).chain(BATCHES);
-        for (m, n, k) in shapes {
-            let label = if m == 1 {
-                format!("gemv {dtype} {n}x{k}")
-            } else {
-                format!("gemv {dtype} batch {m} {n}x{k}")
+        let shapes = SHAPES.iter().map(|&(n, k)| (1, n, k, 1)).chain(BATCHES);
+        for (m, n, k, warp_rows) in shapes {
+            let label = match (m, warp_rows) {
+                (1, _) => format!("gemv {dtype} {n}x{k}"),
+                (_, 1) => format!("gemv {dtype} batch {m} {n}x{k}"),
+                _ => format!("gemv {dtype} batch {m} {n}x{k} j{warp_rows}"),
             };
             if ctx.out_of_time(&label, lines) {
                 continue;
             }
+            // Before setup: its check runs the kernel this setting picks.
+            gpu.set_gemv_warp_rows(warp_rows).expect("output features per warp");
             let mut s = setup(gpu, dtype, (m, n, k));
             group.throughput(Throughput::Bytes(s.bytes_per_call));
             let mut next = 0usize;
-            group.bench_function(format!("{m}x{n}x{k}"), |b| {
+            group.bench_function(format!("{m}x{n}x{k}/j{warp_rows}"), |b| {
                 b.iter_custom(|iters| {
                     let Shape { weights, x, y, .. } = &mut s;
                     timed_calls(gpu, iters, weights.len(), &mut next, |i| gpu.linear(x, &weights[i], y))
@@ -146,6 +150,7 @@ pub fn run(ctx: &Ctx, c: &mut Criterion, lines: &mut Vec<String>) {
                 format!("{label}:"),
                 100.0 * gbs / ctx.peak_gb_s
             ));
+            gpu.set_gemv_warp_rows(1).expect("the default");
         }
         group.finish();
         let label = format!("gate_up_silu {dtype} 2x{}x{}", GATE_UP.0, GATE_UP.1);

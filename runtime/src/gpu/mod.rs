@@ -199,6 +199,8 @@ pub struct Gpu<D: Device> {
     recording: AtomicBool,
     /// Kernel launches queued (see [`Gpu::launches`]).
     launches: AtomicUsize,
+    /// Output features per warp of the 4-row GEMV (see [`Gpu::set_gemv_warp_rows`]).
+    gemv_warp_rows: AtomicUsize,
 }
 
 /// A graph of a [`Gpu`]'s launches ([`Backend::capture`](crate::Backend::capture)), with the
@@ -231,6 +233,7 @@ impl<D: Device> Gpu<D> {
             scratch_moves: AtomicU64::new(0),
             recording: AtomicBool::new(false),
             launches: AtomicUsize::new(0),
+            gemv_warp_rows: AtomicUsize::new(1),
         })
     }
 
@@ -289,6 +292,27 @@ impl<D: Device> Gpu<D> {
     /// not).
     pub fn launches(&self) -> usize {
         self.launches.load(Ordering::Relaxed)
+    }
+
+    /// How many output features one warp of the GEMV computes at once where `linear` runs the
+    /// 4-row tile (2 to 4 rows of x): 1 (`gemv_*_r4`, the default) or 4 (`gemv_j4_*_r4`, which
+    /// reads x through L1 a quarter as often per weight byte; kernels-cuda/gemv.cu). Both give
+    /// results within the same bound; which is faster is a measurement (`benches/gpu` runs
+    /// both). Other values are an [`Error::Argument`].
+    pub fn set_gemv_warp_rows(&self, rows: usize) -> Result<()> {
+        if !matches!(rows, 1 | 4) {
+            return Err(Error::Argument {
+                op: "set_gemv_warp_rows",
+                msg: format!("{rows} output features per warp (1 or 4)"),
+            });
+        }
+        self.gemv_warp_rows.store(rows, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// See [`Gpu::set_gemv_warp_rows`].
+    pub fn gemv_warp_rows(&self) -> usize {
+        self.gemv_warp_rows.load(Ordering::Relaxed)
     }
 
     /// Runs `f` with the device addresses of `owner`'s scratch buffers, part `i` at least

@@ -22,6 +22,10 @@ pub const GEMV_ROW_TILES: [usize; 3] = [1, 4, 16];
 pub const GATE_UP_ROW_TILES: [usize; 2] = [1, 4];
 /// The row tiles the fused `qkv` kernels are compiled for (one: batch-1 decode).
 pub const QKV_ROW_TILES: [usize; 1] = [1];
+/// The row tiles of `gemv_j4` (four output features per warp; [`Gpu::set_gemv_warp_rows`]).
+pub const GEMV_J4_ROW_TILES: [usize; 1] = [4];
+/// Output features per warp of `gemv_j4` (`J4` of gemv.cu).
+pub const GEMV_J4_FEATURES: usize = 4;
 /// `GEMV_WARPS` of gemv.cu: warps (output features) per block.
 pub const GEMV_WARPS: u32 = 4;
 /// Blocks per SM beyond which a grid-stride GEMV gains nothing.
@@ -156,6 +160,7 @@ pub fn kernel_names() -> Vec<&'static str> {
             names
                 .extend(GATE_UP_ROW_TILES.iter().filter_map(|&r| kernel_name("gate_up_silu", w, s, Some(r))));
             names.extend(QKV_ROW_TILES.iter().filter_map(|&r| kernel_name("qkv", w, s, Some(r))));
+            names.extend(GEMV_J4_ROW_TILES.iter().filter_map(|&r| kernel_name("gemv_j4", w, s, Some(r))));
             names.extend(kernel_name("gemm", w, s, None));
             if w != DType::F32 {
                 names.extend(kernel_name("gemm_tc", w, s, None));
@@ -245,8 +250,13 @@ pub(crate) fn linear<D: Device>(
         return super::gemm::gemm(g, d, x, w, y);
     }
     let rows = row_tile(&GEMV_ROW_TILES, d.m).ok_or_else(|| super::unsupported("linear", g.name()))?;
-    let cfg = gemv_launch(d.n, g.device().info())?;
-    launch_linear(g, d, x, w, y, ("gemv", Some(rows)), cfg)
+    let info = g.device().info();
+    if g.gemv_warp_rows() == GEMV_J4_FEATURES && GEMV_J4_ROW_TILES.contains(&rows) {
+        // One warp per group of four output features.
+        let cfg = gemv_launch(d.n.div_ceil(GEMV_J4_FEATURES), info)?;
+        return launch_linear(g, d, x, w, y, ("gemv_j4", Some(rows)), cfg);
+    }
+    launch_linear(g, d, x, w, y, ("gemv", Some(rows)), gemv_launch(d.n, info)?)
 }
 
 /// Launches kernel family `kernel` (`gemv` with its row tile, or `gemm` without) of the weight's
@@ -452,6 +462,10 @@ mod tests {
             kernel_name("gate_up_silu", DType::F8E4M3Fnuz, Some(DType::F32), Some(4)),
             Some("gate_up_silu_e4m3fnuz_block_f32_r4")
         );
-        assert_eq!(kernel_names().len(), 2 + 7 * 3 * (3 + 2 + 1 + 1) + 6 * 3);
+        assert_eq!(kernel_names().len(), 2 + 7 * 3 * (3 + 2 + 1 + 1 + 1) + 6 * 3);
+        assert_eq!(
+            kernel_name("gemv_j4", DType::BF16, Some(DType::F32), Some(4)),
+            Some("gemv_j4_bf16_block_f32_r4")
+        );
     }
 }
