@@ -74,8 +74,10 @@
 // output features). These are estimates from the instruction stream, not measurements:
 // benches/gpu's batch lines measure them. The 4-row chunk loops on sm_90a (nvcc 13.0), in
 // instructions per 16-byte weight word and x's 16-byte loads per weight word: e4m3fn gemv_r4 153
-// and 16, gemv_j4 120 and 4; with f32 block scales 165 and 16, 133 and 4; bf16 110 and 8, 85 and
-// 2 (gemv_j4 holds more registers: 127 to 168 against 56 to 80, so fewer warps per SM).
+// and 16, gemv_j4 124 and 4; with f32 block scales 165 and 16, 143 and 4; bf16 110 and 8, 92 and
+// 2. gemv_j4 holds 64 to 128 registers against 56 to 88 (widening its weights four at a time,
+// chunk_dots at NW >= 4, took it from up to 168, for about 4% more instructions), so fewer of its
+// warps fit on an SM, each with the same bytes in flight: which form wins is the measurement's.
 //
 // Accuracy: f32 products and sums; fp8 / 16-bit / bf16 scales widen exactly. Each term
 // x * w (* s) meets at most k + 8 roundings (two products, the chunk sum, the lane's running sum,
@@ -98,35 +100,69 @@ constexpr int GEMV_UNROLL = 4;
 // One chunk of VEC weights (row j, columns l0 .. l0 + VEC - 1) of each of the NW matrices against
 // the R rows of x: each x element is loaded once for all NW products. The chunk's sums are added
 // to `dot` (ADD) or replace it. SCALED: each matrix's widened weights are first multiplied by its
-// w_scale[a] (the chunk's block scale; see SCALE_WEIGHTS).
+// w_scale[a] (the chunk's block scale; see SCALE_WEIGHTS). At NW >= 4 (gemv_j4) the weights are
+// widened four elements at a time (NW x 4 live registers, not NW x VEC); each sum takes the same
+// terms in the same order either way.
 template <typename W, int R, int NW, bool ADD = false, bool SCALED = false>
 MW_DEV void chunk_dots(const Words (&w)[NW], const LinearParams& p, uint64_t l0, float (&dot)[NW][R],
                        const float* w_scale = nullptr) {
     constexpr int VEC = 16 / sizeof(W);
-    float wf[NW][VEC];
-#pragma unroll
-    for (int a = 0; a < NW; ++a) {
-        widen_words<W>(w[a], wf[a]);
-        if constexpr (SCALED) {
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) wf[a][e] *= w_scale[a];
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
+    if constexpr (NW >= 4) {
         if constexpr (!ADD) {
 #pragma unroll
-            for (int a = 0; a < NW; ++a) dot[a][r] = 0.0f;
+            for (int a = 0; a < NW; ++a) {
+#pragma unroll
+                for (int r = 0; r < R; ++r) dot[a][r] = 0.0f;
+            }
         }
-        if (uint64_t(r) < p.m) {
-            const float4* x4 = reinterpret_cast<const float4*>(p.x + r * p.k + l0);
 #pragma unroll
-            for (int q = 0; q < VEC / 4; ++q) {
-                const float4 xv = x4[q];
+        for (int q = 0; q < VEC / 4; ++q) {
+            float wq[NW][4];
 #pragma unroll
-                for (int a = 0; a < NW; ++a) {
-                    dot[a][r] += xv.x * wf[a][4 * q] + xv.y * wf[a][4 * q + 1] + xv.z * wf[a][4 * q + 2] +
-                                 xv.w * wf[a][4 * q + 3];
+            for (int a = 0; a < NW; ++a) {
+                widen_quad<W>(w[a], q, wq[a]);
+                if constexpr (SCALED) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) wq[a][e] *= w_scale[a];
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                if (uint64_t(r) < p.m) {
+                    const float4 xv = reinterpret_cast<const float4*>(p.x + r * p.k + l0)[q];
+#pragma unroll
+                    for (int a = 0; a < NW; ++a) {
+                        dot[a][r] += xv.x * wq[a][0] + xv.y * wq[a][1] + xv.z * wq[a][2] + xv.w * wq[a][3];
+                    }
+                }
+            }
+        }
+    } else {
+        float wf[NW][VEC];
+#pragma unroll
+        for (int a = 0; a < NW; ++a) {
+            widen_words<W>(w[a], wf[a]);
+            if constexpr (SCALED) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) wf[a][e] *= w_scale[a];
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            if constexpr (!ADD) {
+#pragma unroll
+                for (int a = 0; a < NW; ++a) dot[a][r] = 0.0f;
+            }
+            if (uint64_t(r) < p.m) {
+                const float4* x4 = reinterpret_cast<const float4*>(p.x + r * p.k + l0);
+#pragma unroll
+                for (int q = 0; q < VEC / 4; ++q) {
+                    const float4 xv = x4[q];
+#pragma unroll
+                    for (int a = 0; a < NW; ++a) {
+                        dot[a][r] += xv.x * wf[a][4 * q] + xv.y * wf[a][4 * q + 1] + xv.z * wf[a][4 * q + 2] +
+                                     xv.w * wf[a][4 * q + 3];
+                    }
                 }
             }
         }

@@ -45,6 +45,18 @@ MW_DEV void widen_words(const Words& words, float (&wf)[VEC]) {
     }
 }
 
+// Elements 4q .. 4q + 3 of 16 bytes of W, widened to f32 (q < 16 / sizeof(W) / 4): as
+// widen_words, a quarter at a time.
+template <typename W>
+MW_DEV void widen_quad(const Words& words, int q, float (&out)[4]) {
+    if constexpr (sizeof(W) == 1) {
+        mw::to_f32x4<W>(words.e[q], out);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) out[i] = element<W>(words, 4 * q + i);
+    }
+}
+
 // The scale of weight element (j, l): none (the plain kernels apply p.scale to the row's sum) or
 // one block scale of dtype S.
 struct NoBlocks {
