@@ -31,6 +31,7 @@
 //                          output features at once, so each x element loaded serves four weight
 //                          elements (row_dots over four rows of one matrix): the batched form
 //                          that reads x through L1 a quarter as often per weight byte (below).
+//                          Not at 16 rows: its 4 x 16 sums per lane spilled 48 to 132 bytes.
 //                          Taken by the launcher where Gpu::set_gemv_warp_rows(4) asks for it
 //                          (benches/gpu compares the two; not yet measured on a GPU)
 // linear_x_f32_<t>         out[i] = x[i] widened to f32, t in {bf16, f16}

@@ -524,15 +524,15 @@ fn exact_parts<B: Backend>(b: &B) {
 /// The 4-row GEMV with four output features per warp (`Gpu::set_gemv_warp_rows(4)`: gemv_j4 of
 /// gemv.cu) against the reference within the GEMV's bound: every weight dtype and scale kind on the
 /// scalar (k = 17) and vector (k = 128) paths at 2 to 4 rows, with output counts that leave 1 to 4
-/// features in the last group of four (n = 1, 5, 18, 71, 19); then 4 rows at k = 4096 with block
-/// columns of every stride (as `block_columns_at_long_k`). Other row counts keep their tiles, and
-/// the setting takes only 1 or 4.
+/// features in the last group of four (n = 1, 5, 18, 71); then 4 rows at k = 4096 with block
+/// columns of every stride (as `block_columns_at_long_k`). Other row counts keep their tiles (1, 9,
+/// 13 and 16 rows here), and the setting takes only 1 or 4.
 fn gemv_four_features_per_warp<D: Device>(g: &Gpu<D>) {
     assert!(g.set_gemv_warp_rows(3).is_err() && g.set_gemv_warp_rows(0).is_err());
     g.set_gemv_warp_rows(4).expect("4 features per warp");
     assert_eq!(g.gemv_warp_rows(), 4);
     let mut seed = 0x04f0_0001u64;
-    let shapes = [(2, 1), (3, 5), (4, 18), (4, 71), (1, 19), (9, 19)];
+    let shapes = [(2, 1), (3, 5), (4, 18), (4, 71), (1, 19), (9, 19), (16, 6), (13, 33)];
     for weight in DType::FLOATS {
         for (scale, scale_dtype) in [
             (ScaleKind::None, DType::F32),
@@ -551,10 +551,12 @@ fn gemv_four_features_per_warp<D: Device>(g: &Gpu<D>) {
         }
     }
     for weight in [DType::F8E4M3Fn, DType::BF16] {
-        for scale in [ScaleKind::PerChannel, ScaleKind::Block(5, 48), ScaleKind::Block(2, 640)] {
+        for (m, scale) in
+            [(4, ScaleKind::PerChannel), (4, ScaleKind::Block(5, 48)), (4, ScaleKind::Block(2, 640))]
+        {
             seed += 1;
             let c = Case {
-                m: 4,
+                m,
                 n: 19,
                 k: 4096,
                 weight,

@@ -4,7 +4,8 @@
 //! - every code object is an AMDGPU ELF for its target, wave64, and no kernel uses scratch
 //!   (`.private_segment_fixed_size` 0, no VGPR spills, no dynamic stack);
 //! - the GEMV streams its weights in 128-bit loads: in every `gemv_*` kernel the number of
-//!   `global_load_dwordx4` is exactly GEMV_UNROLL x (1 weight word + R x VEC / 4 float4 of x),
+//!   `global_load_dwordx4` is exactly GEMV_UNROLL x (1 weight word + R x VEC / 4 float4 of x)
+//!   (`gemv_j4_*`: one word of each of its 4 rows + R x VEC / 4 float4 of x, shared by the four),
 //!   so each 16-byte weight word is one `global_load_dwordx4` (split loads would give
 //!   GEMV_UNROLL fewer and a dword or narrower load in their place), and no `flat_load` (an
 //!   address space the compiler could not prove global) appears;
@@ -33,6 +34,14 @@ use memwall::runtime::gpu::ops;
 
 /// `GEMV_UNROLL` of kernels-cuda/gemv.cu: 16-byte weight loads in flight per lane.
 const GEMV_UNROLL: usize = 4;
+/// `J4` of kernels-cuda/gemv.cu: the rows of W one `gemv_j4` warp reads together, one 16-byte word
+/// of each per step.
+const J4: usize = ops::linear::GEMV_J4_FEATURES;
+
+/// How many `gemv_*` kernels each weight dtype and scale kind has: gemv's row tiles and gemv_j4's.
+fn gemv_tiles() -> usize {
+    ops::linear::GEMV_ROW_TILES.len() + ops::linear::GEMV_J4_ROW_TILES.len()
+}
 
 fn launcher_kernels() -> Vec<&'static str> {
     let mut names = ops::kernel_names();
@@ -261,8 +270,9 @@ fn fnuz_fp8_is_decoded_by_the_cdna3_instructions_only() {
         .count();
     assert_eq!(hardware_kernels, fnuz_named, "fnuz kernels disassembled");
     let cdna3 = targets().iter().filter(|t| fnuz_hardware(t)).count();
-    // 2 fnuz dtypes x {plain, block f32, block bf16} x {r1, r4, r16} per CDNA3 target.
-    assert_eq!(gemv_checked, 2 * 3 * 3 * cdna3, "fnuz GEMV kernels checked");
+    // 2 fnuz dtypes x {plain, block f32, block bf16} x (gemv's row tiles and gemv_j4's) per
+    // CDNA3 target.
+    assert_eq!(gemv_checked, 2 * 3 * gemv_tiles() * cdna3, "fnuz GEMV kernels checked");
 }
 
 #[test]
@@ -278,6 +288,10 @@ fn gemv_weight_loads_are_128_bit() {
         for (name, lines) in &disassemble(image) {
             let ops: Vec<&str> = lines.iter().filter_map(|l| l.split_whitespace().next()).collect();
             let Some(rest) = name.strip_prefix("gemv_") else { continue };
+            let (j4, rest) = match rest.strip_prefix("j4_") {
+                Some(rest) => (true, rest),
+                None => (false, rest),
+            };
             let weight = rest.split('_').next().unwrap();
             let rows: usize = rest.rsplit_once("_r").unwrap().1.parse().unwrap();
             let vec = 16
@@ -287,11 +301,12 @@ fn gemv_weight_loads_are_128_bit() {
                     _ => 1,
                 };
             let x4 = ops.iter().filter(|o| **o == "global_load_dwordx4").count();
-            assert_eq!(x4, GEMV_UNROLL * (1 + rows * vec / 4), "{name} ({target}): {x4} global_load_dwordx4");
+            let want = if j4 { J4 + rows * vec / 4 } else { GEMV_UNROLL * (1 + rows * vec / 4) };
+            assert_eq!(x4, want, "{name} ({target}): {x4} global_load_dwordx4");
             assert!(!ops.iter().any(|o| o.starts_with("flat_load")), "{name} ({target}) loads through flat");
             checked += 1;
         }
-        // 7 weight dtypes x {plain, block f32, block bf16} x {r1, r4, r16}.
-        assert_eq!(checked, 7 * 3 * 3, "gemv kernels disassembled for {target}");
+        // 7 weight dtypes x {plain, block f32, block bf16} x (gemv's row tiles and gemv_j4's).
+        assert_eq!(checked, 7 * 3 * gemv_tiles(), "gemv kernels disassembled for {target}");
     }
 }

@@ -296,9 +296,8 @@ impl<D: Device> Gpu<D> {
 
     /// How many output features one warp of the GEMV computes at once where `linear` runs the
     /// 4-row tile (2 to 4 rows of x): 1 (`gemv_*_r4`, the default) or 4 (`gemv_j4_*_r4`, which
-    /// reads x through L1 a quarter as often per weight byte; kernels-cuda/gemv.cu). Both give
-    /// results within the same bound; which is faster is a measurement (`benches/gpu` runs
-    /// both). Other values are an [`Error::Argument`].
+    /// reads x through L1 a quarter as often per weight byte; kernels-cuda/gemv.cu). Both give results within the same bound; which is faster is a
+    /// measurement (`benches/gpu` runs both). Other values are an [`Error::Argument`].
     pub fn set_gemv_warp_rows(&self, rows: usize) -> Result<()> {
         if !matches!(rows, 1 | 4) {
             return Err(Error::Argument {
