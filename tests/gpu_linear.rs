@@ -650,12 +650,17 @@ mod emulated {
         long_k(&b);
     }
 
-    /// At warp 32 and 64 (the cuda-emu random schedule and hip-emu).
-    #[test]
-    fn gemv_four_features_per_warp_matches_reference() {
+    /// One emulated backend per warp width: the CUDA image at 32 lanes (its random schedule) and the
+    /// HIP one at 64.
+    fn warp_32_and_64() -> [(String, Gpu<memwall::runtime::gpu::emu::EmuDevice>); 2] {
         let mut emulated = gpu::emulated();
         let hip = emulated.pop().expect("hip-emu");
-        for (_, b) in [emulated.swap_remove(2), hip] {
+        [emulated.swap_remove(2), hip]
+    }
+
+    #[test]
+    fn gemv_four_features_per_warp_matches_reference() {
+        for (_, b) in warp_32_and_64() {
             gemv_four_features_per_warp(&b);
         }
     }
@@ -663,9 +668,7 @@ mod emulated {
     /// The cursor's steps are a warp of chunks: 32 lanes on the CUDA image, 64 on the HIP one.
     #[test]
     fn gemv_block_columns_at_long_k() {
-        let mut emulated = gpu::emulated();
-        let hip = emulated.pop().expect("hip-emu");
-        for (_, b) in [emulated.swap_remove(2), hip] {
+        for (_, b) in warp_32_and_64() {
             block_columns_at_long_k(&b);
         }
     }
