@@ -185,23 +185,25 @@ fn make_scale(
 
 /// The bound on |acc - exact| for one output of `linear` before y's rounding: acc the kernel's f32
 /// accumulation of the k terms x w s whose magnitudes sum to `abs` (and the |w s| to `abs_ws`),
-/// on the path case `c` takes (`tensor_cores`: gemm_tc.cu).
-fn accumulation_error(c: &Case, tensor_cores: bool, abs: f64, abs_ws: f64) -> f64 {
+/// on the path case `c` takes: `tc_splits` 0 for the CUDA-core kernels, else the tensor cores'
+/// (gemm_tc.cu: 1; gemv_tc.cu: its runs of k, whose sums it adds at the end).
+fn accumulation_error(c: &Case, tc_splits: usize, abs: f64, abs_ws: f64) -> f64 {
     let k = c.k;
-    if tensor_cores {
+    if tc_splits > 0 {
         // gemm_tc.cu (its contract): x = 3 bf16 parts within 2^-24 |x| (plus, should the
         // hardware flush bf16 subnormal parts, 2^-126 per part: 2^-124 sum|w s|); weights
         // exact in 1 (2 for f16) bf16 parts; N = 3 parts k products (6 k for f16) summed in
         // f32 by the mma with unit error 2^-23 in any order: gamma'(N) sum|t|, sum|t| <=
         // (1 + 2^-7)^2 sum|x w s|; then the scale: one multiply (plain) or, per k-block of
         // min(bc, k) columns, a multiply and an add (ceil(k / bc) + 1 roundings of u, on
-        // values at most 1.01 sum|x w s|).
+        // values at most 1.01 sum|x w s|); with k in S runs (gemv_tc.cu), up to S - 1 more
+        // k-blocks (runs end them) and the S - 1 additions of the runs' sums.
         let parts = if c.weight == DType::F16 { 6 } else { 3 };
         let scale_roundings = match c.scale {
             ScaleKind::None | ScaleKind::PerTensor => 1,
             ScaleKind::PerChannel | ScaleKind::PerChannelColumn => 2,
             ScaleKind::Block(_, bc) => k.div_ceil(bc.min(k)) + 1,
-        };
+        } + 2 * (tc_splits - 1);
         return (1.0 + 2f64.powi(-7)).powi(2) * gamma_trunc(parts * k) * abs
             + U32 * abs
             + 2f64.powi(-124) * abs_ws
@@ -214,6 +216,11 @@ fn accumulation_error(c: &Case, tensor_cores: bool, abs: f64, abs_ws: f64) -> f6
 }
 
 fn check<B: Backend>(b: &B, c: &Case) {
+    check_on(b, c, usize::from(path(c) == Some(GemmPath::TensorCore)));
+}
+
+/// `check` with the path's tensor-core runs of k given (`accumulation_error`'s `tc_splits`).
+fn check_on<B: Backend>(b: &B, c: &Case, tc_splits: usize) {
     let (m, n, k) = (c.m, c.n, c.k);
     let mut rng = Rng::new(c.seed);
     let (x, xv) = random_tensor(&REF, &mut rng, c.x, &[m, k]);
@@ -226,7 +233,6 @@ fn check<B: Backend>(b: &B, c: &Case) {
     let want = read_f32(&REF, &y_ref);
 
     let (uo, eta) = (unit_roundoff(c.y), underflow_abs(c.y));
-    let tensor_cores = path(c) == Some(GemmPath::TensorCore);
     let mut bound = vec![0f64; m * n];
     for i in 0..m {
         for j in 0..n {
@@ -242,7 +248,7 @@ fn check<B: Backend>(b: &B, c: &Case) {
             // rounding: the reference's f64 rounded to y, possibly via f32 ((u_out + u) |exact| +
             // eta), ours acc rounded to y (u_out |acc| + eta). So |got - want| <= (1 + u_out)
             // |acc - exact| + gamma64(k + 1) sum|x w s| + (2 u_out + u) |exact| + 2 eta.
-            bound[i * n + j] = (1.0 + uo) * accumulation_error(c, tensor_cores, abs, abs_ws)
+            bound[i * n + j] = (1.0 + uo) * accumulation_error(c, tc_splits, abs, abs_ws)
                 + gamma64(k + 1) * abs
                 + (2.0 * uo + U32) * sum.abs()
                 + 2.0 * eta;
@@ -291,7 +297,7 @@ fn check_gate_up<B: Backend>(b: &B, c: &Case) {
         .unwrap_or_else(|e| panic!("reference gate_up_silu {c:?}: {e}"));
     let want = read_f32(&REF, &out_ref);
 
-    let tensor_cores = path(c) == Some(GemmPath::TensorCore);
+    let tc_splits = usize::from(path(c) == Some(GemmPath::TensorCore));
     let mut bound = vec![0f64; m * n];
     for i in 0..m {
         let x_row = &xv[i * k..(i + 1) * k];
@@ -302,7 +308,7 @@ fn check_gate_up<B: Backend>(b: &B, c: &Case) {
             // plus, where the op is composed, the rounding of the product to f32 in the scratch
             // (u |acc| <= u (|exact| + err)).
             let err = |abs: f64, abs_ws: f64, exact: f64| {
-                let e = accumulation_error(c, tensor_cores, abs, abs_ws);
+                let e = accumulation_error(c, tc_splits, abs, abs_ws);
                 (1.0 + U32) * e + U32 * exact.abs()
             };
             let (e_g, e_u) = (err(g_abs, g_ws, g), err(u_abs, u_ws, u));
@@ -468,7 +474,12 @@ fn block_columns_at_long_k<B: Backend>(b: &B) {
 /// (2^5): 24 bits, exact in f32 in any order and rounding, so y (f32) must equal the f64 sum exactly;
 /// a dropped part is off by a multiple of 2^-18 (2^-19).
 fn exact_parts<B: Backend>(b: &B) {
-    let (m, n) = (20, 19);
+    exact_parts_at(b, 20);
+}
+
+/// `exact_parts` at `m` rows (20: gemm_tc.cu; at most 16: the GEMV, gemv_tc.cu where it is on).
+fn exact_parts_at<B: Backend>(b: &B, m: usize) {
+    let n = 19;
     for weight in [DType::BF16, DType::F8E4M3Fn, DType::F16] {
         let f16 = weight == DType::F16;
         let k = if f16 { 16 } else { 32 };
@@ -499,7 +510,7 @@ fn exact_parts<B: Backend>(b: &B) {
             y: DType::F32,
             seed: 0,
         };
-        assert_eq!(path(&c), Some(GemmPath::TensorCore));
+        assert!(m <= 16 || path(&c) == Some(GemmPath::TensorCore));
         let lin = linear_to_backend(b, &Linear::plain(upload(&REF, weight, &[n, k], &wv)));
         assert_eq!(read_f32(&REF, &upload(&REF, weight, &[n, k], &wv)), wv, "{weight} holds w exactly");
         let x = upload(b, DType::F32, &[m, k], &xv);
@@ -570,6 +581,77 @@ fn gemv_four_features_per_warp<D: Device>(g: &Gpu<D>) {
         }
     }
     g.set_gemv_warp_rows(1).expect("back to 1");
+}
+
+/// The tensor-core GEMV (`Gpu::set_gemv_tensor_core_rows`: gemv_tc.cu) against the reference
+/// within its bound (gemm_tc.cu's, plus its runs of k): every tensor-core weight dtype and scale
+/// kind at 1 to 16 rows (both row tiles and rows short of them), n leaving partial m16 tiles, warps
+/// and blocks, k of partial 64-column steps and 128-column x tiles, 16-bit x and y; then k = 4096
+/// and 4160 (a partial last tile) at 16 and 5 rows with scale blocks of one step, of five tiles
+/// (runs of whole k-blocks, a short last run) and per channel, where k is cut into runs (counted:
+/// the merge of the runs' sums is tested); shapes it does not take (f32 weights, k not a multiple
+/// of a word, 3 x 5 or 48-column blocks) still right on gemv.cu; and the exact-parts cases at 16
+/// rows, which fail if any bf16 part of x or of an f16 weight is dropped.
+fn gemv_tensor_cores<D: Device>(g: &Gpu<D>) {
+    use memwall_runtime::gpu::ops::linear::{gemv_tc_applies, gemv_tc_plan};
+    assert!(g.set_gemv_tensor_core_rows(Some(0)).is_err() && g.set_gemv_tensor_core_rows(Some(17)).is_err());
+    g.set_gemv_tensor_core_rows(Some(1)).expect("every GEMV on tensor cores");
+    assert_eq!(g.gemv_tensor_core_rows(), Some(1));
+    let info = g.device().info().clone();
+    let blocks = |c: &Case| match c.scale {
+        ScaleKind::None | ScaleKind::PerTensor => None,
+        ScaleKind::PerChannel | ScaleKind::PerChannelColumn => Some((1, c.k)),
+        ScaleKind::Block(br, bc) => Some((br, bc)),
+    };
+    let mut split_cases = 0;
+    let mut run = |c: &Case| {
+        let d = LinearDims { m: c.m, n: c.n, k: c.k };
+        let splits = if gemv_tc_applies(d, c.weight, blocks(c), &info) {
+            let (_, _, splits) = gemv_tc_plan(d, c.weight, blocks(c).map(|b| b.1), &info).expect("plan");
+            splits as usize
+        } else {
+            0
+        };
+        split_cases += usize::from(splits > 1);
+        check_on(g, c, splits);
+    };
+    let mut seed = 0x7c6e_0001u64;
+    let shapes = [(1, 19, 128), (5, 3, 48), (8, 130, 192), (9, 70, 80), (16, 33, 128), (13, 257, 320), (16, 5, 17)];
+    for weight in DType::FLOATS {
+        for (scale, scale_dtype) in [
+            (ScaleKind::None, DType::F32),
+            (ScaleKind::PerTensor, DType::F32),
+            (ScaleKind::PerChannel, DType::BF16),
+            (ScaleKind::Block(128, 128), DType::BF16),
+            (ScaleKind::Block(3, 64), DType::F32),
+            (ScaleKind::Block(3, 5), DType::F32),
+        ] {
+            for (i, &(m, n, k)) in shapes.iter().enumerate() {
+                seed += 1;
+                let (x, y) = if i == 3 { (DType::BF16, DType::BF16) } else { (DType::F32, DType::F32) };
+                run(&Case { m, n, k, weight, scale, scale_dtype, x, y, seed });
+            }
+        }
+    }
+    for weight in [DType::F8E4M3Fn, DType::BF16, DType::F16] {
+        for (m, k, scale) in [
+            (16, 4096, ScaleKind::None),
+            (16, 4160, ScaleKind::Block(128, 64)),
+            (5, 4096, ScaleKind::Block(2, 640)),
+            (16, 4160, ScaleKind::PerChannel),
+            (16, 4096, ScaleKind::Block(5, 48)),
+        ] {
+            seed += 1;
+            let x = if seed.is_multiple_of(3) { DType::F16 } else { DType::F32 };
+            let c = Case { m, n: 19, k, weight, scale, scale_dtype: DType::F32, x, y: DType::F32, seed };
+            run(&c);
+        }
+    }
+    assert!(split_cases >= 6, "only {split_cases} cases ran in runs of k");
+    if gemv_tc_applies(LinearDims { m: 16, n: 19, k: 32 }, DType::BF16, None, &info) {
+        exact_parts_at(g, 16);
+    }
+    g.set_gemv_tensor_core_rows(None).expect("back to gemv.cu");
 }
 
 /// x and y at 3 of 9 allocated rows: the kernels read and write only their rows.
@@ -659,6 +741,12 @@ mod emulated {
     }
 
     #[test]
+    fn gemv_tensor_cores_match_reference() {
+        let (_, b) = gpu::emulated().swap_remove(2);
+        gemv_tensor_cores(&b);
+    }
+
+    #[test]
     fn gemv_four_features_per_warp_matches_reference() {
         for (_, b) in warp_32_and_64() {
             gemv_four_features_per_warp(&b);
@@ -728,6 +816,11 @@ device_tests! {
 
     fn gemv_four_features_per_warp_matches_reference(b, who) {
         gemv_four_features_per_warp(&b);
+    }
+
+    // On AMD it is gemv.cu throughout (no mma.sync there): the same checks.
+    fn gemv_tensor_cores_match_reference(b, who) {
+        gemv_tensor_cores(&b);
     }
 
     fn gate_up_silu_matches_reference(b, who) {

@@ -63,3 +63,16 @@ struct QkvParams {
     uint32_t blocks[2];
 };
 MW_LAYOUT(QkvParams, part, blocks)
+
+/* gemv_tc_<w>[_block_<s>]_r<R> (gemv_tc.cu): the product of `lin` (as gemv_<w>[_block_<s>]_r<R>,
+ * m <= R) on tensor cores, k cut into `splits` runs of `split_cols` columns (grid.y). With splits
+ * > 1, `partials` is f32 [splits, m, n] scratch and `arrivals` one counter per block column of the
+ * grid, zero before the launch and after it; unused (may be null) with one split. */
+struct GemvTcParams {
+    struct LinearParams lin;
+    float* partials;
+    unsigned int* arrivals;
+    uint32_t split_cols;
+    uint32_t splits;
+};
+MW_LAYOUT(GemvTcParams, lin, partials, arrivals, split_cols, splits)

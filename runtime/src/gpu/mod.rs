@@ -201,6 +201,9 @@ pub struct Gpu<D: Device> {
     launches: AtomicUsize,
     /// Output features per warp of the 4-row GEMV (see [`Gpu::set_gemv_warp_rows`]).
     gemv_warp_rows: AtomicUsize,
+    /// The fewest rows of a GEMV taken by the tensor cores; 0: never (see
+    /// [`Gpu::set_gemv_tensor_core_rows`]).
+    gemv_tc_rows: AtomicUsize,
 }
 
 /// A graph of a [`Gpu`]'s launches ([`Backend::capture`](crate::Backend::capture)), with the
@@ -234,6 +237,7 @@ impl<D: Device> Gpu<D> {
             recording: AtomicBool::new(false),
             launches: AtomicUsize::new(0),
             gemv_warp_rows: AtomicUsize::new(1),
+            gemv_tc_rows: AtomicUsize::new(0),
         })
     }
 
@@ -312,6 +316,33 @@ impl<D: Device> Gpu<D> {
     /// See [`Gpu::set_gemv_warp_rows`].
     pub fn gemv_warp_rows(&self) -> usize {
         self.gemv_warp_rows.load(Ordering::Relaxed)
+    }
+
+    /// Whether `linear` runs decode batches (at most `GEMV_MAX_ROWS` rows) on the tensor cores:
+    /// `Some(r)` sends a GEMV of at least `r` rows (1 to 16) to `gemv_tc_*` (kernels-cuda/gemv_tc.cu:
+    /// x staged once per 128 output features, mma.sync on bf16 parts, f32 accuracy) wherever its
+    /// preconditions hold (`ops::linear::gemv_tc_applies`); `None` (the default) keeps every
+    /// GEMV on gemv.cu's tiles. Which is faster at which batch is a measurement (`benches/gpu`
+    /// runs both); the results of either are within the bound tests/gpu_linear.rs derives. Rows
+    /// outside 1 to 16 are an [`Error::Argument`].
+    pub fn set_gemv_tensor_core_rows(&self, rows: Option<usize>) -> Result<()> {
+        let rows = match rows {
+            None => 0,
+            Some(r) if (1..=ops::linear::GEMV_MAX_ROWS).contains(&r) => r,
+            Some(r) => {
+                return Err(Error::Argument {
+                    op: "set_gemv_tensor_core_rows",
+                    msg: format!("{r} rows (1 to {})", ops::linear::GEMV_MAX_ROWS),
+                });
+            }
+        };
+        self.gemv_tc_rows.store(rows, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// See [`Gpu::set_gemv_tensor_core_rows`].
+    pub fn gemv_tensor_core_rows(&self) -> Option<usize> {
+        Some(self.gemv_tc_rows.load(Ordering::Relaxed)).filter(|&r| r > 0)
     }
 
     /// Runs `f` with the device addresses of `owner`'s scratch buffers, part `i` at least

@@ -26,6 +26,19 @@ pub const QKV_ROW_TILES: [usize; 1] = [1];
 pub const GEMV_J4_ROW_TILES: [usize; 1] = [4];
 /// Output features per warp of `gemv_j4` (`J4` of gemv.cu).
 pub const GEMV_J4_FEATURES: usize = 4;
+/// The row tiles of `gemv_tc` (gemv_tc.cu: one or two n8 fragments of tokens).
+pub const GEMV_TC_ROW_TILES: [usize; 2] = [8, 16];
+/// `FEATURES`, `THREADS`, `TILE_K` and `STEP_K` of gemv_tc.cu: output features and threads per
+/// block, columns of x per shared tile, columns per warp step.
+pub const GEMV_TC_FEATURES: usize = 128;
+pub const GEMV_TC_THREADS: u32 = 128;
+pub const GEMV_TC_TILE_K: usize = 128;
+pub const GEMV_TC_STEP_K: usize = 64;
+/// The most of the weight traffic `gemv_tc`'s split-K partials may add (written and read back:
+/// 8 splits m / (k sizeof(w)) of it).
+const GEMV_TC_PARTIAL_SHARE: f64 = 0.25;
+/// Blocks per SM `gemv_tc_plan` aims the grid at (a first guess: benches/gpu measures).
+const GEMV_TC_BLOCKS_PER_SM: usize = 2;
 /// `GEMV_WARPS` of gemv.cu: warps (output features) per block.
 pub const GEMV_WARPS: u32 = 4;
 /// Blocks per SM beyond which a grid-stride GEMV gains nothing.
@@ -78,8 +91,22 @@ pub struct QkvParams {
     pub blocks: [u32; 2],
 }
 
+/// `GemvTcParams` of `kernels-cuda/params/linear.h`: `lin` on tensor cores, k in `splits` runs of
+/// `split_cols` columns, the splits' sums added through `partials` by the last block to arrive
+/// (`arrivals`: one counter per block column, zero between launches).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct GemvTcParams {
+    pub lin: LinearParams,
+    pub partials: u64,
+    pub arrivals: u64,
+    pub split_cols: u32,
+    pub splits: u32,
+}
+
 const _: () = {
     use std::mem::{offset_of, size_of};
+    assert!(size_of::<GemvTcParams>() == 96 && offset_of!(GemvTcParams, split_cols) == 88);
     assert!(size_of::<QkvParams>() == 224 && offset_of!(QkvParams, blocks) == 216);
     assert!(size_of::<GateUpParams>() == 96);
     assert!(offset_of!(GateUpParams, up) == 72 && offset_of!(GateUpParams, up_scale) == 88);
@@ -164,6 +191,7 @@ pub fn kernel_names() -> Vec<&'static str> {
             names.extend(kernel_name("gemm", w, s, None));
             if w != DType::F32 {
                 names.extend(kernel_name("gemm_tc", w, s, None));
+                names.extend(GEMV_TC_ROW_TILES.iter().filter_map(|&r| kernel_name("gemv_tc", w, s, Some(r))));
             }
         }
     }
@@ -227,15 +255,157 @@ pub(crate) fn with_f32_x<D: Device, R>(
             return Err(Error::DType { op, tensor: "x", got: other, allowed: DType::ACTIVATIONS.to_vec() });
         }
     };
-    let n = d.m * d.k;
-    g.with_scratch("linear_x", &[n * 4], |at| {
-        let p = WidenParams { out: at[0], x: addr::<D>(x), n: n as u64 };
-        let blocks = super::elementwise::element_grid(n as u64, 1, g.device().info().sm_count);
-        let cfg = LaunchCfg::linear(blocks, super::elementwise::ELEMENT_THREADS, 0);
-        // SAFETY: x holds m * k elements of its 16-bit dtype (checked by `check_linear`); the
-        // scratch holds n f32 and stays ours until `with_scratch` returns.
-        unsafe { g.launch(name, cfg, &p) }?;
+    g.with_scratch("linear_x", &[d.m * d.k * 4], |at| {
+        widen_x(g, d, x, name, at[0])?;
         f(at[0])
+    })
+}
+
+/// Widens the 16-bit `x` [m, k] into f32 at `out` (scratch of at least m k f32 the caller holds)
+/// with `linear_x_f32_<t>` (`name`).
+fn widen_x<D: Device>(g: &Gpu<D>, d: LinearDims, x: &T<D>, name: &'static str, out: u64) -> Result<()> {
+    let n = d.m * d.k;
+    let p = WidenParams { out, x: addr::<D>(x), n: n as u64 };
+    let blocks = super::elementwise::element_grid(n as u64, 1, g.device().info().sm_count);
+    let cfg = LaunchCfg::linear(blocks, super::elementwise::ELEMENT_THREADS, 0);
+    // SAFETY: x holds m * k elements of its 16-bit dtype (checked by `check_linear`); the caller
+    // holds n f32 at `out` until the launches it queues after this one have run.
+    unsafe { g.launch(name, cfg, &p) }
+}
+
+/// Whether `gemv_tc` (gemv_tc.cu) can run `d` (at most `GEMV_MAX_ROWS` rows) with a `weight` of
+/// this dtype and `blocks` = (block_rows, block_cols) of its block or per-channel scale (None for
+/// unscaled or per-tensor): a 16-bit or fp8 weight, k a multiple of a 16-byte word of it, block
+/// scales whose k-blocks are whole `GEMV_TC_STEP_K` steps (or span k), n and k below 2^32, and
+/// mma hardware ([`super::gemm::has_mma_bf16`]).
+pub fn gemv_tc_applies(d: LinearDims, weight: DType, blocks: Option<(usize, usize)>, info: &DeviceInfo) -> bool {
+    let tc_weight = weight != DType::F32 && DType::FLOATS.contains(&weight);
+    let words = tc_weight && d.k > 0 && d.k.is_multiple_of(16 / weight.size());
+    let scales = blocks.is_none_or(|(_, bc)| bc >= d.k || bc.is_multiple_of(GEMV_TC_STEP_K));
+    let fits = u32::try_from(d.n).is_ok() && u32::try_from(d.k).is_ok();
+    (1..=GEMV_MAX_ROWS).contains(&d.m) && super::gemm::has_mma_bf16(info) && words && scales && fits
+}
+
+/// `gemv_tc`'s launch for `d` (where [`gemv_tc_applies`]): `(cfg, split_cols, splits)`. The grid
+/// is ceil(n / GEMV_TC_FEATURES) blocks of features by `splits` runs of k, as many as bring it
+/// to about `GEMV_TC_BLOCKS_PER_SM` blocks per SM, no more than k has tiles, and no more than
+/// keep the partials' traffic (8 splits m / (k sizeof(w)) of the weight's) within
+/// `GEMV_TC_PARTIAL_SHARE`. Each run is whole tiles of `GEMV_TC_TILE_K` columns, and whole
+/// k-blocks of `block_cols` where that is below k.
+pub fn gemv_tc_plan(
+    d: LinearDims,
+    weight: DType,
+    block_cols: Option<usize>,
+    info: &DeviceInfo,
+) -> Result<(LaunchCfg, u32, u32)> {
+    let op = "linear";
+    let features = d.n.div_ceil(GEMV_TC_FEATURES).max(1);
+    let tiles = d.k.div_ceil(GEMV_TC_TILE_K).max(1);
+    let want = (info.sm_count.max(1) as usize * GEMV_TC_BLOCKS_PER_SM).div_ceil(features);
+    let traffic_cap = GEMV_TC_PARTIAL_SHARE * (d.k * weight.size()) as f64 / (8 * d.m.max(1)) as f64;
+    let splits = want.min(tiles).min(traffic_cap as usize).max(1);
+    // Tiles per run: a multiple of the tiles of one k-block (bc a multiple of the 64-column step,
+    // so lcm(TILE_K, bc) / TILE_K tiles) where blocks are narrower than k.
+    let mut per_run = tiles.div_ceil(splits);
+    if let Some(bc) = block_cols.filter(|&bc| bc < d.k) {
+        let unit = bc / gcd(bc, GEMV_TC_TILE_K);
+        per_run = per_run.div_ceil(unit) * unit;
+    }
+    let splits = tiles.div_ceil(per_run);
+    let cfg = LaunchCfg {
+        grid: [dim(op, "feature blocks", features)?, dim(op, "k splits", splits)?, 1],
+        block: [GEMV_TC_THREADS, 1, 1],
+        shared_bytes: 0,
+    };
+    if cfg.grid[0] > info.max_grid[0] || cfg.grid[1] > info.max_grid[1] {
+        return Err(Error::Argument {
+            op,
+            msg: format!("tensor-core GEMV grid {:?} beyond {:?}", cfg.grid, info.max_grid),
+        });
+    }
+    Ok((cfg, dim(op, "split columns", per_run * GEMV_TC_TILE_K)?, cfg.grid[1]))
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+/// `(block_rows, block_cols)` of a block or per-channel scale; None for none or per tensor.
+fn scale_blocks<B>(d: LinearDims, scale: &WeightScale<B>) -> Option<(usize, usize)> {
+    match scale {
+        WeightScale::None | WeightScale::PerTensor(_) => None,
+        WeightScale::PerChannel(_) => Some((1, d.k)),
+        WeightScale::Block { block_rows, block_cols, .. } => Some((*block_rows, *block_cols)),
+    }
+}
+
+/// `linear` on `gemv_tc_<w>[_block_<s>]_r<R>` (where [`gemv_tc_applies`]): one scratch holds the
+/// arrival counters, the splits' partials and x widened to f32 where it is 16-bit.
+fn gemv_tc<D: Device>(
+    g: &Gpu<D>,
+    d: LinearDims,
+    x: &T<D>,
+    w: &Linear<GpuStorage<D::Buffer>>,
+    y: &mut T<D>,
+) -> Result<()> {
+    let op = "linear";
+    let rows = row_tile(&GEMV_TC_ROW_TILES, d.m).ok_or_else(|| super::unsupported(op, g.name()))?;
+    let (scale_dtype, scales, block_rows, block_cols, scale) = weight_params::<D>(d, w)?;
+    let name = kernel_name("gemv_tc", w.weight.dtype(), scale_dtype, Some(rows))
+        .ok_or_else(|| super::unsupported(op, g.name()))?;
+    let blocks = scale_blocks(d, &w.scale).map(|(_, bc)| bc);
+    let (cfg, split_cols, splits) = gemv_tc_plan(d, w.weight.dtype(), blocks, g.device().info())?;
+    let widen = match x.dtype() {
+        DType::F32 => None,
+        DType::BF16 => Some("linear_x_f32_bf16"),
+        DType::F16 => Some("linear_x_f32_f16"),
+        other => return Err(Error::DType { op, tensor: "x", got: other, allowed: DType::ACTIVATIONS.to_vec() }),
+    };
+    let split = splits > 1;
+    let sizes = [
+        if split { cfg.grid[0] as usize * 4 } else { 0 },
+        if split { splits as usize * d.m * d.n * 4 } else { 0 },
+        if widen.is_some() { d.m * d.k * 4 } else { 0 },
+    ];
+    let (y_addr, y_dtype, w_addr) = (addr::<D>(y), y_code(y.dtype()), addr::<D>(&w.weight));
+    g.with_scratch("gemv_tc", &sizes, |at| {
+        let x_addr = match widen {
+            Some(name) => {
+                widen_x(g, d, x, name, at[2])?;
+                at[2]
+            }
+            None => addr::<D>(x),
+        };
+        if !x_addr.is_multiple_of(16) || !w_addr.is_multiple_of(16) {
+            return Err(Error::Argument {
+                op,
+                msg: format!("tensor-core GEMV needs 16-byte aligned x ({x_addr:#x}) and weight ({w_addr:#x})"),
+            });
+        }
+        let lin = LinearParams {
+            y: y_addr,
+            x: x_addr,
+            weight: w_addr,
+            scales,
+            m: d.m as u64,
+            n: d.n as u64,
+            k: d.k as u64,
+            block_rows,
+            block_cols,
+            scale,
+            y_dtype,
+        };
+        let (arrivals, partials) = if split { (at[0], at[1]) } else { (0, 0) };
+        let p = GemvTcParams { lin, partials, arrivals, split_cols, splits };
+        // SAFETY: `check_linear` and `check_float_weight` checked x [m, k] (f32 here), the weight
+        // [n, k] of the kernel's dtype, its scales' shape and dtype, and y [m, n] of y_dtype;
+        // `gemv_tc_applies` made k a multiple of a weight word's elements (the kernel reads whole
+        // 16-byte words, aligned as checked above, each inside or outside the matrix) and the
+        // kernel bounds every access by m <= R, n and k. With splits, it writes partials
+        // [splits, m, n] f32 and one counter per block column, which `with_scratch` sized and
+        // holds for this launch and whose counters the kernel returns to zero; y is borrowed
+        // mutably.
+        unsafe { g.launch(name, cfg, &p) }
     })
 }
 
@@ -249,8 +419,13 @@ pub(crate) fn linear<D: Device>(
     if d.m > GEMV_MAX_ROWS {
         return super::gemm::gemm(g, d, x, w, y);
     }
-    let rows = row_tile(&GEMV_ROW_TILES, d.m).ok_or_else(|| super::unsupported("linear", g.name()))?;
     let info = g.device().info();
+    if g.gemv_tensor_core_rows().is_some_and(|r| d.m >= r)
+        && gemv_tc_applies(d, w.weight.dtype(), scale_blocks(d, &w.scale), info)
+    {
+        return gemv_tc(g, d, x, w, y);
+    }
+    let rows = row_tile(&GEMV_ROW_TILES, d.m).ok_or_else(|| super::unsupported("linear", g.name()))?;
     if g.gemv_warp_rows() == GEMV_J4_FEATURES && GEMV_J4_ROW_TILES.contains(&rows) {
         // One warp per group of four output features.
         let cfg = gemv_launch(d.n.div_ceil(GEMV_J4_FEATURES), info)?;
@@ -462,7 +637,7 @@ mod tests {
             kernel_name("gate_up_silu", DType::F8E4M3Fnuz, Some(DType::F32), Some(4)),
             Some("gate_up_silu_e4m3fnuz_block_f32_r4")
         );
-        assert_eq!(kernel_names().len(), 2 + 7 * 3 * (3 + 2 + 1 + 1 + 1) + 6 * 3);
+        assert_eq!(kernel_names().len(), 2 + 7 * 3 * (3 + 2 + 1 + 1 + 1) + 6 * 3 * (1 + 2));
         assert_eq!(
             kernel_name("gemv_j4", DType::BF16, Some(DType::F32), Some(4)),
             Some("gemv_j4_bf16_block_f32_r4")

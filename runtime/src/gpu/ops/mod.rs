@@ -167,6 +167,7 @@ pub fn params_layouts() -> Vec<ParamsLayout> {
         params_layout!(linear::WidenParams { out, x, n }),
         params_layout!(linear::GateUpParams { gate, up, up_scales, up_scale, pad }),
         params_layout!(linear::QkvParams { part, blocks }),
+        params_layout!(linear::GemvTcParams { lin, partials, arrivals, split_cols, splits }),
         // rows.rs
         params_layout!(rows::EmbeddingParams {
             out,

@@ -1,0 +1,380 @@
+// gemv_tc.cu: the batched decode `linear` on tensor cores: y[m, n] = x[m, k] . W_real[n, k]^T for
+// m <= R rows (R in {8, 16}: one or two n8 fragments of tokens), the same contract and accuracy as
+// gemm_tc.cu (x split into three bf16 parts, weights exact in bf16: f32 accuracy), the same
+// results as gemv.cu's batched tiles within that bound.
+//
+// gemv_tc_<w>_r<R>            W_real = weight * p.lin.scale, applied to each finished sum
+// gemv_tc_<w>_block_<s>_r<R>  W_real[j][l] = weight[j][l] * scales[j / br][l / bc] (f32 or bf16
+//                             block scales; per-channel is br = 1, bc = k): each k-block's sums
+//                             accumulated apart and scaled when it ends
+//                             <w> one of bf16, f16, e4m3fn, e4m3fnuz, e5m2, e5m2fnuz; x f32 [m, k]
+//                             (16-bit x widened first by linear_x_f32_<t>); y [m, n] f32, bf16 or f16
+//
+// Why (gemv.cu's header): the SIMT GEMV's 16-row tile reads 4 R bytes of f32 x through L1 per fp8
+// weight byte and issues about 500 instructions per 16-byte word, so it reaches at most a tenth
+// or so of the memory wall. Here x is staged once per block in shared memory for 128 output
+// features, and each B fragment a lane reads serves the 32 features of its warp: 3 parts x 2
+// bytes x 16 tokens / 32 features = 3 bytes of shared reads per fp8 weight byte (1.5 per bf16
+// byte), and the widening, the loads and the mma issue about 55 instructions per e4m3fn word.
+//
+// Layout. Block (bx, split) owns output features [bx FEATURES, +FEATURES) and the columns
+// [split split_cols, +split_cols) of k; warp w the 32 features (two m16 tiles) from bx FEATURES +
+// 32 w. Weights are the mma's A operand (rows = features) and go from global memory straight into
+// registers: the mma's k order is free as long as A and B agree, so lane (g, t) (g = lane / 4,
+// t = lane % 4) loads, per step of STEP_K = 4 VEC columns from l (VEC = 16 / sizeof(w): 64
+// columns of fp8, 32 of 16-bit), the VEC columns [l + VEC t, +VEC) of rows g and g + 8 of each
+// m16 tile: one 16-byte word each, fully used. Slice s (s < VEC / 4, one m16n8k16 each) takes the
+// lane's columns 4 s .. 4 s + 3: its k slots 2 t, 2 t + 1 are columns l + VEC t + 4 s + {0, 1},
+// slots 2 t + 8, 2 t + 9 columns l + VEC t + 4 s + {2, 3} (mma.cuh's fragment table), so B's
+// fragment for token column g is x[token][l + VEC t + 4 s .. +3]: four consecutive bf16 of each
+// part, read by one 16-byte LDS per two slices. x tiles of TILE_K = 128 columns are
+// double-buffered in shared memory as [part][token][ROW] bf16, ROW = TILE_K plus padding that
+// puts the two token rows of each 8-lane LDS.128 phase 16 (fp8) or 64 (16-bit) bytes apart mod
+// 128, so its eight 16-byte reads fall in distinct banks. Each thread loads its words of the next
+// x tile into registers while the warps run the current one, splits them into the other buffer,
+// and one barrier per tile swaps the two. The weight words of the next step are loaded while the
+// current step's mma run (two register sets: 8 words per lane, 4 KB per warp in flight).
+//
+// Split-K: n = 4096 gives 32 blocks of 128 features, too few for an H200, so the launcher
+// (runtime/src/gpu/ops/linear.rs, gemv_tc_plan) cuts k into `splits` runs of split_cols columns
+// (a multiple of TILE_K, and of bc for block scales, so k-blocks never straddle a split). With
+// splits > 1 each block writes its sums to partials[split][i][j], and the last block of its
+// features to arrive (an atomic counter per bx, returned to zero) adds the splits' sums in split
+// order and stores y: deterministic whichever block arrives last. The partials cost 8 splits m /
+// (k sizeof(w)) of the weight traffic; the launcher keeps that at or below a quarter.
+//
+// Accuracy: each output is a sum of X_PARTS W_PARTS k exact products (W_PARTS = 2 for f16: w_hi +
+// w_lo, as gemm_tc.cu) in f32 by the mma, then k-block scaling (ceil(k / bc) + 1 roundings) and
+// the split sum (splits roundings): tests/gpu_linear.rs holds the kernels to that bound.
+//
+// Preconditions (checked by the launcher, which routes every other case to gemv.cu): k a
+// multiple of 16 / sizeof(W); x and the weight 16-byte aligned; block scales with bc >= k or bc a
+// multiple of 64; n and k below 2^32; mma hardware (sm_80 or newer, or the SIMT emulator at
+// warp 32). Not in the HIP images (mma.sync fragments; build/hip.rs).
+//
+// Launch: grid (ceil(n / FEATURES), splits), THREADS threads, static shared memory only. Taken
+// where Gpu::set_gemv_tensor_core_rows asks for it (benches/gpu compares it with gemv.cu's tiles;
+// not yet measured on a GPU).
+#include "linear.cuh"
+#include "mma.cuh"
+
+namespace mw_gemv_tc {
+
+using namespace mw_linear;
+
+constexpr int WARPS = 4;
+constexpr int THREADS = WARPS * MW_WARP;
+constexpr int TILES = 2;                      // m16 tiles of output features per warp
+constexpr int FEATURES = WARPS * TILES * 16;  // output features per block
+constexpr int TILE_K = 128;                   // columns of x per shared buffer
+constexpr int X_PARTS = 3;
+
+// Per weight dtype: a lane's columns of a row per step (one 16-byte word: VEC), the step (four
+// lanes' words: 64 columns of fp8, 32 of 16-bit; VEC / 4 m16n8k16 slices), the shared row of x
+// (padded so that the lanes of an LDS.128 phase, two token rows of four lanes, hit distinct
+// banks: rows 16 bytes apart mod 128 where a lane reads 32 bytes, 64 where it reads 16), and the
+// bf16 parts per element.
+template <typename W>
+struct Traits {
+    static constexpr int VEC = 16 / int(sizeof(W));
+    static constexpr int STEP_K = 4 * VEC;
+    static constexpr int STEPS = TILE_K / STEP_K;
+    static constexpr int HALVES = VEC / 8;  // 16-byte reads of x per part and fragment per step
+    static constexpr int ROW = TILE_K + (VEC == 16 ? 8 : 32);
+    static constexpr int PARTS = 1;  // bf16 and fp8 values are bf16 values
+    static_assert(STEPS % 2 == 0, "the weight register sets alternate by step within a tile");
+};
+template <>
+struct Traits<f16> : Traits<bf16> {
+    static constexpr int PARTS = 2;  // w = bf16 hi + bf16 lo, exactly (gemm_tc.cu)
+};
+
+MW_DEV bool finite(float v) { return (__float_as_uint(v) & 0x7f800000u) != 0x7f800000u; }
+
+// bf16x2 of two f32 that hold bf16 values (their low halves zero: truncation is exact).
+MW_DEV uint32_t pack_exact(float lo, float hi) {
+    return (__float_as_uint(lo) >> 16) | (__float_as_uint(hi) & 0xffff0000u);
+}
+// bf16x2 of two f32, each rounded to nearest even.
+MW_DEV uint32_t pack_rn(float lo, float hi) {
+    return uint32_t(mw::from_f32<bf16>(lo).bits) | uint32_t(mw::from_f32<bf16>(hi).bits) << 16;
+}
+
+// The lane's weight words of one step: [m16 tile][row g, row g + 8].
+struct StepWords {
+    Words w[TILES][2];
+};
+
+// Columns 8 half .. 8 half + 7 of a lane's VEC columns of one row as four bf16x2 (hi, and for
+// f16 lo = w - hi): the A elements of slices 2 half and 2 half + 1.
+template <typename W>
+MW_DEV void widen_half(const Words& w, int half, uint32_t (&hi)[4], uint32_t (&lo)[4]) {
+    if constexpr (sizeof(W) == 1) {
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+            float f[4];
+            mw::to_f32x4<W>(w.e[2 * half + q], f);
+            hi[2 * q] = pack_exact(f[0], f[1]);
+            hi[2 * q + 1] = pack_exact(f[2], f[3]);
+        }
+    } else if constexpr (Traits<W>::PARTS == 1) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) hi[q] = w.e[q];
+    } else {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const float a = element<W>(w, 2 * q), b = element<W>(w, 2 * q + 1);
+            hi[q] = pack_rn(a, b);
+            const float a_hi = __uint_as_float(hi[q] << 16), b_hi = __uint_as_float(hi[q] & 0xffff0000u);
+            lo[q] = pack_rn(finite(a) ? a - a_hi : 0.0f, finite(b) ? b - b_hi : 0.0f);
+        }
+    }
+}
+
+// Loads the lane's weight words for the step at column l (zero outside the matrix: k is a multiple
+// of VEC, so a word is wholly inside or outside).
+template <typename W>
+MW_DEV void load_step(const LinearParams& p, uint64_t j0, uint64_t l, StepWords& s) {
+    const int lane = threadIdx.x % MW_WARP, g = lane >> 2, t = lane % 4;
+    const W* weight = reinterpret_cast<const W*>(p.weight);
+    const uint64_t c = l + Traits<W>::VEC * t;
+#pragma unroll
+    for (int mt = 0; mt < TILES; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const uint64_t j = j0 + mt * 16 + g + 8 * r;
+            s.w[mt][r] = (j < p.n && c < p.k) ? *reinterpret_cast<const Words*>(weight + j * p.k + c)
+                                              : Words{{0, 0, 0, 0}};
+        }
+}
+
+// x tile words per thread: R rows x TILE_K columns of f32.
+template <int R>
+struct XStage {
+    static constexpr int WORDS = R * TILE_K / 4 / THREADS;
+    static_assert(WORDS * 4 * THREADS == R * TILE_K, "x tile in whole words per thread");
+    Words x[WORDS];
+};
+
+// Loads x[0 .. R)[l0 .. l0 + TILE_K) (zero beyond m and k; k is a multiple of 4 here).
+template <int R>
+MW_DEV void load_x(const LinearParams& p, uint64_t l0, XStage<R>& s) {
+#pragma unroll
+    for (int r = 0; r < XStage<R>::WORDS; ++r) {
+        const int c = threadIdx.x + r * THREADS, row = c / (TILE_K / 4), col = (c % (TILE_K / 4)) * 4;
+        const uint64_t l = l0 + col;
+        s.x[r] = (uint64_t(row) < p.m && l < p.k) ? *reinterpret_cast<const Words*>(p.x + row * p.k + l)
+                                                  : Words{{0, 0, 0, 0}};
+    }
+}
+
+struct alignas(8) Pair {
+    uint32_t e[2];
+};
+
+// Splits the staged words into the three bf16 parts of a shared buffer [part][R][ROW]:
+// h = bf16(x), m = bf16(x - h), l = bf16(x - h - m) (gemm_tc.cu: within 2^-24 |x|).
+template <typename W, int R>
+MW_DEV void store_x(const XStage<R>& s, bf16* xs) {
+    constexpr int ROW = Traits<W>::ROW;
+#pragma unroll
+    for (int r = 0; r < XStage<R>::WORDS; ++r) {
+        const int c = threadIdx.x + r * THREADS, row = c / (TILE_K / 4), col = (c % (TILE_K / 4)) * 4;
+        Pair parts[X_PARTS];
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+            const float x0 = __uint_as_float(s.x[r].e[e]), x1 = __uint_as_float(s.x[r].e[e + 1]);
+            const uint32_t h = pack_rn(x0, x1);
+            const float h0 = __uint_as_float(h << 16), h1 = __uint_as_float(h & 0xffff0000u);
+            const float r0 = finite(h0) ? x0 - h0 : 0.0f, r1 = finite(h1) ? x1 - h1 : 0.0f;
+            const uint32_t m = pack_rn(r0, r1);
+            const uint32_t l = pack_rn(r0 - __uint_as_float(m << 16), r1 - __uint_as_float(m & 0xffff0000u));
+            parts[0].e[e / 2] = h;
+            parts[1].e[e / 2] = m;
+            parts[2].e[e / 2] = l;
+        }
+#pragma unroll
+        for (int q = 0; q < X_PARTS; ++q) *reinterpret_cast<Pair*>(xs + (q * R + row) * ROW + col) = parts[q];
+    }
+}
+
+// sums += the warp's features x the R tokens over one step: columns col .. col + STEP_K of the
+// shared x buffer xs, the lane's weight words w.
+template <typename W, int R>
+MW_DEV void mma_step(const bf16* xs, int col, const StepWords& w, float (&sums)[TILES][R / 8][4]) {
+    using T = Traits<W>;
+    constexpr int H = R / 8;
+    const int lane = threadIdx.x % MW_WARP, g = lane >> 2, t = lane % 4;
+#pragma unroll
+    for (int half = 0; half < T::HALVES; ++half) {
+        // x[token 8 h + g][col + VEC t + 8 half .. +8) of each part: B of slices 2 half, 2 half + 1.
+        Words b[X_PARTS][H];
+#pragma unroll
+        for (int q = 0; q < X_PARTS; ++q)
+#pragma unroll
+            for (int h = 0; h < H; ++h)
+                b[q][h] = *reinterpret_cast<const Words*>(xs + (q * R + 8 * h + g) * T::ROW + col + T::VEC * t + 8 * half);
+#pragma unroll
+        for (int mt = 0; mt < TILES; ++mt) {
+            uint32_t hi[2][4], lo[2][4] = {};  // lo: f16 weights only
+            widen_half<W>(w.w[mt][0], half, hi[0], lo[0]);
+            widen_half<W>(w.w[mt][1], half, hi[1], lo[1]);
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+                const uint32_t a_hi[4] = {hi[0][2 * u], hi[1][2 * u], hi[0][2 * u + 1], hi[1][2 * u + 1]};
+#pragma unroll
+                for (int h = 0; h < H; ++h)
+#pragma unroll
+                    for (int q = 0; q < X_PARTS; ++q) {
+                        const uint32_t bq[2] = {b[q][h].e[2 * u], b[q][h].e[2 * u + 1]};
+                        mw::mma_m16n8k16_bf16(sums[mt][h], a_hi, bq, sums[mt][h]);
+                        if constexpr (T::PARTS == 2) {
+                            const uint32_t a_lo[4] = {lo[0][2 * u], lo[1][2 * u], lo[0][2 * u + 1], lo[1][2 * u + 1]};
+                            mw::mma_m16n8k16_bf16(sums[mt][h], a_lo, bq, sums[mt][h]);
+                        }
+                    }
+            }
+        }
+    }
+}
+
+template <typename W, typename Scale, int R>
+MW_DEV void gemv_tc(const GemvTcParams& q) {
+    using T = Traits<W>;
+    constexpr int H = R / 8;
+    const LinearParams& p = q.lin;
+    __shared__ __align__(16) bf16 xs[2][X_PARTS * R * T::ROW];
+    __shared__ bool last_smem;
+    const int lane = threadIdx.x % MW_WARP, warp = threadIdx.x / MW_WARP, g = lane >> 2, t = lane % 4;
+    const uint64_t j0 = uint64_t(blockIdx.x) * FEATURES + warp * (TILES * 16);
+    const uint64_t l_begin = uint64_t(blockIdx.y) * q.split_cols;
+    const uint64_t l_end = p.k < l_begin + q.split_cols ? p.k : l_begin + q.split_cols;
+    // Columns per k-block: bc, or the whole split for per-channel scales and blocks as wide as k
+    // (the launcher makes split_cols a multiple of bc where bc < k, and bc a multiple of 64).
+    const uint32_t block_cols = Scale::BLOCKS && p.block_cols < p.k ? p.block_cols : q.split_cols;
+
+    float acc[TILES][H][4], part[TILES][H][4];
+#pragma unroll
+    for (int mt = 0; mt < TILES; ++mt)
+#pragma unroll
+        for (int h = 0; h < H; ++h)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][h][e] = part[mt][h][e] = 0.0f;
+
+    XStage<R> staged;
+    StepWords w[2];
+    load_x<R>(p, l_begin, staged);
+    load_step<W>(p, j0, l_begin, w[0]);
+    store_x<W, R>(staged, xs[0]);
+    __syncthreads();
+    const uint64_t tiles = (l_end - l_begin + TILE_K - 1) / TILE_K;
+    uint32_t in_block = 0;  // columns of the current k-block done
+    for (uint64_t tile = 0; tile < tiles; ++tile) {
+        const int buf = int(tile % 2);
+        const uint64_t l0 = l_begin + tile * TILE_K;
+        const bool more = tile + 1 < tiles;
+        if (more) load_x<R>(p, l0 + TILE_K, staged);
+#pragma unroll
+        for (int s = 0; s < T::STEPS; ++s) {
+            const uint64_t l = l0 + s * T::STEP_K;
+            if (l < l_end) {  // uniform over the block
+                if (l + T::STEP_K < l_end) load_step<W>(p, j0, l + T::STEP_K, w[(s + 1) % 2]);
+                if constexpr (Scale::BLOCKS) {
+                    mma_step<W, R>(xs[buf], s * T::STEP_K, w[s % 2], part);
+                    in_block += T::STEP_K;
+                    if (in_block >= block_cols || l + T::STEP_K >= l_end) {
+                        // The k-block ends: acc += part * its scale, row by row.
+                        in_block = 0;
+#pragma unroll
+                        for (int mt = 0; mt < TILES; ++mt)
+#pragma unroll
+                            for (int r = 0; r < 2; ++r) {
+                                const uint64_t j = j0 + mt * 16 + g + 8 * r;
+                                const float sc = j < p.n ? Scale::at(p, j, l) : 0.0f;
+#pragma unroll
+                                for (int h = 0; h < H; ++h)
+#pragma unroll
+                                    for (int e = 0; e < 2; ++e) {
+                                        acc[mt][h][2 * r + e] += part[mt][h][2 * r + e] * sc;
+                                        part[mt][h][2 * r + e] = 0.0f;
+                                    }
+                            }
+                    }
+                } else {
+                    mma_step<W, R>(xs[buf], s * T::STEP_K, w[s % 2], acc);
+                }
+            }
+        }
+        // The other buffer was last read in the previous tile, before the barrier that ended it.
+        if (more) store_x<W, R>(staged, xs[buf ^ 1]);
+        __syncthreads();
+    }
+
+    // acc[mt][h][e]: feature j0 + 16 mt + g + 8 (e / 2), token 8 h + 2 t + e % 2.
+    const float scale = Scale::BLOCKS ? 1.0f : p.scale;
+    if (q.splits <= 1) {
+#pragma unroll
+        for (int mt = 0; mt < TILES; ++mt)
+#pragma unroll
+            for (int h = 0; h < H; ++h)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const uint64_t i = 8 * h + 2 * t + e % 2, j = j0 + mt * 16 + g + 8 * (e / 2);
+                    if (i < p.m && j < p.n) store_y(p, i, j, acc[mt][h][e] * scale);
+                }
+        return;
+    }
+#pragma unroll
+    for (int mt = 0; mt < TILES; ++mt)
+#pragma unroll
+        for (int h = 0; h < H; ++h)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const uint64_t i = 8 * h + 2 * t + e % 2, j = j0 + mt * 16 + g + 8 * (e / 2);
+                if (i < p.m && j < p.n) q.partials[(uint64_t(blockIdx.y) * p.m + i) * p.n + j] = acc[mt][h][e];
+            }
+    // The last block of these features to arrive adds the splits in order.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last_smem = atomicAdd(q.arrivals + blockIdx.x, 1u) + 1u == q.splits;
+    __syncthreads();
+    if (!last_smem) return;
+    __threadfence();
+#pragma unroll
+    for (int mt = 0; mt < TILES; ++mt)
+#pragma unroll
+        for (int h = 0; h < H; ++h)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const uint64_t i = 8 * h + 2 * t + e % 2, j = j0 + mt * 16 + g + 8 * (e / 2);
+                if (i >= p.m || j >= p.n) continue;
+                float v = 0.0f;
+                for (uint32_t s = 0; s < q.splits; ++s) v += __ldcg(q.partials + (uint64_t(s) * p.m + i) * p.n + j);
+                store_y(p, i, j, v * scale);
+            }
+    if (threadIdx.x == 0) atomicExch(q.arrivals + blockIdx.x, 0u);  // ready for the next launch
+}
+
+}  // namespace mw_gemv_tc
+
+#define MW_GEMV_TC(wname, W, Scale, sname, R)                                                        \
+    MW_KERNEL_BOUNDS(gemv_tc_##wname##sname##_r##R, GemvTcParams, mw_gemv_tc::THREADS) {             \
+        mw_gemv_tc::gemv_tc<W, Scale, R>(p);                                                         \
+    }
+#define MW_GEMV_TC_TILES(wname, W, Scale, sname)                                                     \
+    MW_GEMV_TC(wname, W, Scale, sname, 8)                                                            \
+    MW_GEMV_TC(wname, W, Scale, sname, 16)
+#define MW_GEMV_TC_PLAIN(wname, W, _) MW_GEMV_TC_TILES(wname, W, mw_linear::NoBlocks, )
+#define MW_GEMV_TC_BLOCK_F32(wname, W, _) MW_GEMV_TC_TILES(wname, W, mw_linear::Blocks<float>, _block_f32)
+#define MW_GEMV_TC_BLOCK_BF16(wname, W, _) MW_GEMV_TC_TILES(wname, W, mw_linear::Blocks<bf16>, _block_bf16)
+// The weight dtypes of the tensor-core path: every float type but f32 (as gemm_tc.cu).
+#define MW_GEMV_TC_FOR_EACH_WEIGHT(INSTANTIATE)                                                      \
+    INSTANTIATE(f16, f16, )                                                                          \
+    INSTANTIATE(bf16, bf16, )                                                                        \
+    INSTANTIATE(e4m3fn, e4m3fn, )                                                                    \
+    INSTANTIATE(e4m3fnuz, e4m3fnuz, )                                                                \
+    INSTANTIATE(e5m2, e5m2, )                                                                        \
+    INSTANTIATE(e5m2fnuz, e5m2fnuz, )
+MW_GEMV_TC_FOR_EACH_WEIGHT(MW_GEMV_TC_PLAIN)
+MW_GEMV_TC_FOR_EACH_WEIGHT(MW_GEMV_TC_BLOCK_F32)
+MW_GEMV_TC_FOR_EACH_WEIGHT(MW_GEMV_TC_BLOCK_BF16)
