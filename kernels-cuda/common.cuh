@@ -14,6 +14,9 @@
 // It defines:
 // - MW_KERNEL(name, Params) / MW_KERNEL_BOUNDS(name, Params, max_threads): a kernel taking its
 //   params struct by value as `p`; `extern "C"` so the runtime finds it by name.
+//   MW_KERNEL_OCCUPANCY(name, Params, max_threads, min_blocks) also asks ptxas for min_blocks
+//   resident blocks per SM (its register cap: 65536 / (max_threads min_blocks)); the SIMT layer
+//   takes it as MW_KERNEL_BOUNDS.
 // - MW_DYNAMIC_SHARED(T, name): a T* to the block's dynamic shared memory (16-byte aligned).
 // - MW_WARP: threads per warp, a compile-time constant per target (32 on NVIDIA; 64 on CDNA for the
 //   HIP build). Never write a literal 32.
@@ -69,12 +72,15 @@ typedef unsigned int mw_lanemask;
         });                                                                                          \
     static void name##_mw_body(const Params p)
 #define MW_KERNEL(name, Params) MW_KERNEL_BOUNDS(name, Params, 0)
+#define MW_KERNEL_OCCUPANCY(name, Params, max_threads, min_blocks) MW_KERNEL_BOUNDS(name, Params, max_threads)
 #define MW_DYNAMIC_SHARED(T, name) T* name = reinterpret_cast<T*>(::mw_simt::dynamic_shared())
 // Registers each field's offset and size so a Rust test checks its mirror of the struct.
 #define MW_LAYOUT(Struct, ...) MW_SIMT_LAYOUT(Struct, __VA_ARGS__)
 #else
 #define MW_KERNEL_BOUNDS(name, Params, max_threads)                                                  \
     extern "C" __global__ void __launch_bounds__(max_threads) name(const Params p)
+#define MW_KERNEL_OCCUPANCY(name, Params, max_threads, min_blocks)                                   \
+    extern "C" __global__ void __launch_bounds__(max_threads, min_blocks) name(const Params p)
 #define MW_KERNEL(name, Params) extern "C" __global__ void name(const Params p)
 #define MW_DYNAMIC_SHARED(T, name)                                                                   \
     extern __shared__ __align__(16) unsigned char mw_dynamic_smem[];                                 \

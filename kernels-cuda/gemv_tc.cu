@@ -357,8 +357,16 @@ MW_DEV void gemv_tc(const GemvTcParams& q) {
 
 }  // namespace mw_gemv_tc
 
+// On sm_80 (fp8 decoded in software) ptxas capped the block-scaled 16-row kernels at 168
+// registers (3 blocks per SM) and spilled inside the tile loop; asking for 2 blocks (up to 255
+// registers) keeps them in registers (106 to 245). sm_90a needs no cap (95 to 183, no spills).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+#define MW_GEMV_TC_KERNEL(name) MW_KERNEL_OCCUPANCY(name, GemvTcParams, mw_gemv_tc::THREADS, 2)
+#else
+#define MW_GEMV_TC_KERNEL(name) MW_KERNEL_BOUNDS(name, GemvTcParams, mw_gemv_tc::THREADS)
+#endif
 #define MW_GEMV_TC(wname, W, Scale, sname, R)                                                        \
-    MW_KERNEL_BOUNDS(gemv_tc_##wname##sname##_r##R, GemvTcParams, mw_gemv_tc::THREADS) {             \
+    MW_GEMV_TC_KERNEL(gemv_tc_##wname##sname##_r##R) {                                               \
         mw_gemv_tc::gemv_tc<W, Scale, R>(p);                                                         \
     }
 #define MW_GEMV_TC_TILES(wname, W, Scale, sname)                                                     \

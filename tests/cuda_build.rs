@@ -214,7 +214,7 @@ fn streaming_loops_have_no_local_memory() {
     }
 }
 
-/// The e4m3fn and e5m2 GEMV kernels widen their weights with the hardware conversion on sm_89 and
+/// The e4m3fn and e5m2 GEMV kernels (gemv_tc.cu's too) widen their weights with the hardware conversion on sm_89 and
 /// later (F2FP.F16.E4M3.UNPACK_B / .E5M2.: common.cuh's MW_OCP_FP8_HW), and no kernel uses it on
 /// an older target. The fnuz formats have no such instruction on NVIDIA.
 #[test]
@@ -244,11 +244,14 @@ fn ocp_fp8_gemv_uses_the_hardware_conversion() {
         }
         if number >= 89 {
             // Each family's row tiles, 3 scale kinds (none, f32 and bf16 blocks), 2 formats.
-            use ops::linear::{GATE_UP_ROW_TILES, GEMV_J4_ROW_TILES, GEMV_ROW_TILES, QKV_ROW_TILES};
+            use ops::linear::{
+                GATE_UP_ROW_TILES, GEMV_J4_ROW_TILES, GEMV_ROW_TILES, GEMV_TC_ROW_TILES, QKV_ROW_TILES,
+            };
             let tiles = GEMV_ROW_TILES.len()
                 + GATE_UP_ROW_TILES.len()
                 + QKV_ROW_TILES.len()
-                + GEMV_J4_ROW_TILES.len();
+                + GEMV_J4_ROW_TILES.len()
+                + GEMV_TC_ROW_TILES.len();
             assert_eq!(gemv_kernels, 2 * 3 * tiles, "{target}: OCP fp8 GEMV kernels");
         }
     }

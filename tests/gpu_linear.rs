@@ -616,7 +616,8 @@ fn gemv_tensor_cores<D: Device>(g: &Gpu<D>) {
         check_on(g, c, splits);
     };
     let mut seed = 0x7c6e_0001u64;
-    let shapes = [(1, 19, 128), (5, 3, 48), (8, 130, 192), (9, 70, 80), (16, 33, 128), (13, 257, 320), (16, 5, 17)];
+    let shapes =
+        [(1, 19, 128), (5, 3, 48), (8, 130, 192), (9, 70, 80), (16, 33, 128), (13, 257, 320), (16, 5, 17)];
     for weight in DType::FLOATS {
         for (scale, scale_dtype) in [
             (ScaleKind::None, DType::F32),

@@ -196,7 +196,8 @@ fn hip_image_holds_the_hip_build() {
     let missing: Vec<&String> = want.iter().filter(|k| !have.contains(k)).collect();
     // The image may hold kernels no launcher names yet (none today); it must hold every one named.
     assert!(missing.is_empty(), "launcher kernels missing from the HIP image: {missing:?}");
-    let left_out = |k: &str| k.starts_with("selftest") || k.starts_with("gemm_tc_") || k.starts_with("gemv_tc_");
+    let left_out =
+        |k: &str| k.starts_with("selftest") || k.starts_with("gemm_tc_") || k.starts_with("gemv_tc_");
     assert!(extra.iter().all(|k| !left_out(k)), "{extra:?}");
     let mut targets: Vec<&str> = memwall::kernels::HIP_KERNELS.iter().map(|(_, t, _)| *t).collect();
     targets.sort_unstable();

@@ -278,7 +278,12 @@ fn widen_x<D: Device>(g: &Gpu<D>, d: LinearDims, x: &T<D>, name: &'static str, o
 /// unscaled or per-tensor): a 16-bit or fp8 weight, k a multiple of a 16-byte word of it, block
 /// scales whose k-blocks are whole `GEMV_TC_STEP_K` steps (or span k), n and k below 2^32, and
 /// mma hardware ([`super::gemm::has_mma_bf16`]).
-pub fn gemv_tc_applies(d: LinearDims, weight: DType, blocks: Option<(usize, usize)>, info: &DeviceInfo) -> bool {
+pub fn gemv_tc_applies(
+    d: LinearDims,
+    weight: DType,
+    blocks: Option<(usize, usize)>,
+    info: &DeviceInfo,
+) -> bool {
     let tc_weight = weight != DType::F32 && DType::FLOATS.contains(&weight);
     let words = tc_weight && d.k > 0 && d.k.is_multiple_of(16 / weight.size());
     let scales = blocks.is_none_or(|(_, bc)| bc >= d.k || bc.is_multiple_of(GEMV_TC_STEP_K));
@@ -359,7 +364,9 @@ fn gemv_tc<D: Device>(
         DType::F32 => None,
         DType::BF16 => Some("linear_x_f32_bf16"),
         DType::F16 => Some("linear_x_f32_f16"),
-        other => return Err(Error::DType { op, tensor: "x", got: other, allowed: DType::ACTIVATIONS.to_vec() }),
+        other => {
+            return Err(Error::DType { op, tensor: "x", got: other, allowed: DType::ACTIVATIONS.to_vec() });
+        }
     };
     let split = splits > 1;
     let sizes = [
@@ -379,7 +386,9 @@ fn gemv_tc<D: Device>(
         if !x_addr.is_multiple_of(16) || !w_addr.is_multiple_of(16) {
             return Err(Error::Argument {
                 op,
-                msg: format!("tensor-core GEMV needs 16-byte aligned x ({x_addr:#x}) and weight ({w_addr:#x})"),
+                msg: format!(
+                    "tensor-core GEMV needs 16-byte aligned x ({x_addr:#x}) and weight ({w_addr:#x})"
+                ),
             });
         }
         let lin = LinearParams {
