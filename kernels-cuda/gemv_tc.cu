@@ -15,7 +15,10 @@
 // or so of the memory wall. Here x is staged once per block in shared memory for 128 output
 // features, and each B fragment a lane reads serves the 32 features of its warp: 3 parts x 2
 // bytes x 16 tokens / 32 features = 3 bytes of shared reads per fp8 weight byte (1.5 per bf16
-// byte), and the widening, the loads and the mma issue about 55 instructions per e4m3fn word.
+// byte). Issue (sm_90a SASS, nvcc 13.0, the tile loop in instructions per 16-byte weight word a
+// lane loads; gemv.cu's budget is about 128 at the H200's copy peak): e4m3fn 107 at 16 rows, 88
+// at 8, 115 with f32 block scales; bf16 60, 82 with block scales. Of e4m3fn's 107, 35 widen the
+// weights to bf16 (cvt to f16x2, to f32, one PRMT per pair), 12 are mma and about 20 split x.
 //
 // Layout. Block (bx, split) owns output features [bx FEATURES, +FEATURES) and the columns
 // [split split_cols, +split_cols) of k; warp w the 32 features (two m16 tiles) from bx FEATURES +
@@ -91,13 +94,24 @@ struct Traits<f16> : Traits<bf16> {
 
 MW_DEV bool finite(float v) { return (__float_as_uint(v) & 0x7f800000u) != 0x7f800000u; }
 
-// bf16x2 of two f32 that hold bf16 values (their low halves zero: truncation is exact).
+// bf16x2 of two f32 that hold bf16 values (their low halves zero: truncation is exact); one PRMT
+// on the GPU.
 MW_DEV uint32_t pack_exact(float lo, float hi) {
+#if defined(__CUDA_ARCH__)
+    return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632);
+#else
     return (__float_as_uint(lo) >> 16) | (__float_as_uint(hi) & 0xffff0000u);
+#endif
 }
-// bf16x2 of two f32, each rounded to nearest even.
+// bf16x2 of two f32, each rounded to nearest even (NaN stays NaN): one cvt on sm_80 and later.
 MW_DEV uint32_t pack_rn(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    uint32_t d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));  // a (hi) to the upper half
+    return d;
+#else
     return uint32_t(mw::from_f32<bf16>(lo).bits) | uint32_t(mw::from_f32<bf16>(hi).bits) << 16;
+#endif
 }
 
 // The lane's weight words of one step: [m16 tile][row g, row g + 8].
@@ -131,21 +145,37 @@ MW_DEV void widen_half(const Words& w, int half, uint32_t (&hi)[4], uint32_t (&l
     }
 }
 
+// The lane's weight rows, set up once: the address of its first column in each of its four rows
+// (rows past n read row j0's instead: their sums are never stored) and whether the row exists.
+template <typename W>
+struct LaneRows {
+    const W* at[TILES][2];
+    bool live[TILES][2];
+    MW_DEV LaneRows(const LinearParams& p, uint64_t j0) {
+        const int lane = threadIdx.x % MW_WARP, g = lane >> 2, t = lane % 4;
+#pragma unroll
+        for (int mt = 0; mt < TILES; ++mt)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const uint64_t j = j0 + mt * 16 + g + 8 * r;
+                live[mt][r] = j < p.n;
+                at[mt][r] = reinterpret_cast<const W*>(p.weight) + (j < p.n ? j : 0) * p.k + Traits<W>::VEC * t;
+            }
+    }
+};
+
 // Loads the lane's weight words for the step at column l (zero outside the matrix: k is a multiple
 // of VEC, so a word is wholly inside or outside).
 template <typename W>
-MW_DEV void load_step(const LinearParams& p, uint64_t j0, uint64_t l, StepWords& s) {
-    const int lane = threadIdx.x % MW_WARP, g = lane >> 2, t = lane % 4;
-    const W* weight = reinterpret_cast<const W*>(p.weight);
-    const uint64_t c = l + Traits<W>::VEC * t;
+MW_DEV void load_step(const LinearParams& p, const LaneRows<W>& rows, uint64_t l, StepWords& s) {
+    const int t = threadIdx.x % 4;
+    const bool inside = l + Traits<W>::VEC * t < p.k;
 #pragma unroll
     for (int mt = 0; mt < TILES; ++mt)
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const uint64_t j = j0 + mt * 16 + g + 8 * r;
-            s.w[mt][r] = (j < p.n && c < p.k) ? *reinterpret_cast<const Words*>(weight + j * p.k + c)
-                                              : Words{{0, 0, 0, 0}};
-        }
+        for (int r = 0; r < 2; ++r)
+            s.w[mt][r] = (inside && rows.live[mt][r]) ? *reinterpret_cast<const Words*>(rows.at[mt][r] + l)
+                                                      : Words{{0, 0, 0, 0}};
 }
 
 // x tile words per thread: R rows x TILE_K columns of f32.
@@ -264,11 +294,26 @@ MW_DEV void gemv_tc(const GemvTcParams& q) {
     XStage<R> staged;
     StepWords w[2];
     load_x<R>(p, l_begin, staged);
-    load_step<W>(p, j0, l_begin, w[0]);
+    const LaneRows<W> rows(p, j0);
+    load_step<W>(p, rows, l_begin, w[0]);
     store_x<W, R>(staged, xs[0]);
     __syncthreads();
     const uint64_t tiles = (l_end - l_begin + TILE_K - 1) / TILE_K;
     uint32_t in_block = 0;  // columns of the current k-block done
+    // Block scales: each lane row's run of scales, and the current block column (no division in
+    // the loop).
+    const void* scale_rows[TILES][2] = {};
+    uint32_t block_col = 0;
+    if constexpr (Scale::BLOCKS) {
+#pragma unroll
+        for (int mt = 0; mt < TILES; ++mt)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const uint64_t j = j0 + mt * 16 + g + 8 * r;
+                scale_rows[mt][r] = Scale::row(p, p.scales, j < p.n ? j : 0);
+            }
+        block_col = uint32_t(l_begin) / p.block_cols;
+    }
     for (uint64_t tile = 0; tile < tiles; ++tile) {
         const int buf = int(tile % 2);
         const uint64_t l0 = l_begin + tile * TILE_K;
@@ -278,7 +323,7 @@ MW_DEV void gemv_tc(const GemvTcParams& q) {
         for (int s = 0; s < T::STEPS; ++s) {
             const uint64_t l = l0 + s * T::STEP_K;
             if (l < l_end) {  // uniform over the block
-                if (l + T::STEP_K < l_end) load_step<W>(p, j0, l + T::STEP_K, w[(s + 1) % 2]);
+                if (l + T::STEP_K < l_end) load_step<W>(p, rows, l + T::STEP_K, w[(s + 1) % 2]);
                 if constexpr (Scale::BLOCKS) {
                     mma_step<W, R>(xs[buf], s * T::STEP_K, w[s % 2], part);
                     in_block += T::STEP_K;
@@ -289,8 +334,7 @@ MW_DEV void gemv_tc(const GemvTcParams& q) {
                         for (int mt = 0; mt < TILES; ++mt)
 #pragma unroll
                             for (int r = 0; r < 2; ++r) {
-                                const uint64_t j = j0 + mt * 16 + g + 8 * r;
-                                const float sc = j < p.n ? Scale::at(p, j, l) : 0.0f;
+                                const float sc = rows.live[mt][r] ? Scale::in_row(scale_rows[mt][r], block_col) : 0.0f;
 #pragma unroll
                                 for (int h = 0; h < H; ++h)
 #pragma unroll
@@ -299,6 +343,7 @@ MW_DEV void gemv_tc(const GemvTcParams& q) {
                                         part[mt][h][2 * r + e] = 0.0f;
                                     }
                             }
+                        ++block_col;
                     }
                 } else {
                     mma_step<W, R>(xs[buf], s * T::STEP_K, w[s % 2], acc);

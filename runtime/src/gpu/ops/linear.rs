@@ -633,6 +633,37 @@ mod tests {
     }
 
     #[test]
+    fn gemv_tc_runs_of_k() {
+        let h200 = info(132);
+        let plan = |m, n, k, w, bc| {
+            let (cfg, cols, splits) = gemv_tc_plan(LinearDims { m, n, k }, w, bc, &h200).unwrap();
+            assert_eq!((cfg.grid[1], cfg.block[0]), (splits, GEMV_TC_THREADS));
+            (cfg.grid[0], cols, splits)
+        };
+        // The 8B's gate/up at 16 rows: 224 feature blocks, 2 runs bring it to 2 blocks per SM.
+        assert_eq!(plan(16, 28672, 4096, DType::F8E4M3Fn, None), (224, 2048, 2));
+        // 4096 x 4096: 32 feature blocks; 9 runs wanted, the partials' share allows 8 (fp8).
+        assert_eq!(plan(16, 4096, 4096, DType::F8E4M3Fn, None), (32, 512, 8));
+        // bf16 allows 16, 9 wanted: runs of 4 tiles, so 8.
+        assert_eq!(plan(16, 4096, 4096, DType::BF16, Some(4096)), (32, 512, 8));
+        // 640-column blocks: runs of whole blocks (5 tiles), a short last run.
+        assert_eq!(plan(5, 19, 4096, DType::F8E4M3Fn, Some(640)), (1, 640, 7));
+        // One tile of k, or a batch of 1 on a big matrix: one run.
+        assert_eq!(plan(8, 70, 128, DType::BF16, None), (1, 128, 1));
+        assert_eq!(plan(1, 128_256, 4096, DType::BF16, None), (1002, 4096, 1));
+        let d = |m, k| LinearDims { m, n: 64, k };
+        assert!(gemv_tc_applies(d(16, 4096), DType::F8E4M3Fn, Some((128, 128)), &h200));
+        assert!(gemv_tc_applies(d(1, 40), DType::BF16, None, &h200));
+        assert!(!gemv_tc_applies(d(1, 40), DType::F8E4M3Fn, None, &h200), "k not a multiple of 16 fp8");
+        assert!(!gemv_tc_applies(d(4, 4096), DType::F32, None, &h200));
+        assert!(!gemv_tc_applies(d(17, 4096), DType::BF16, None, &h200));
+        assert!(!gemv_tc_applies(d(4, 4096), DType::BF16, Some((1, 48)), &h200));
+        let mut amd = h200.clone();
+        amd.vendor = super::super::super::Vendor::Amd;
+        assert!(!gemv_tc_applies(d(16, 4096), DType::BF16, None, &amd));
+    }
+
+    #[test]
     fn names() {
         assert_eq!(kernel_name("gemv", DType::BF16, None, Some(1)), Some("gemv_bf16_r1"));
         assert_eq!(
