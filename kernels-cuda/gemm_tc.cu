@@ -93,8 +93,6 @@ struct WeightTraits<f16> {
     static constexpr int PARTS = 2;  // w = bf16 hi + bf16 lo, exactly
 };
 
-MW_DEV bool finite(float v) { return (__float_as_uint(v) & 0x7f800000u) != 0x7f800000u; }
-
 // The element offset of (row, col) in a swizzled [rows][TILE_K] shared tile.
 MW_DEV int swizzled(int row, int col) {
     return row * TILE_K + (((col / CHUNK) ^ ((row / 2) % 4)) * CHUNK) + col % CHUNK;
@@ -286,14 +284,6 @@ MW_DEV void gemm_tc(const LinearParams& p) {
 #define MW_GEMM_TC_PLAIN(wname, W, _) MW_GEMM_TC(wname, W, mw_linear::NoBlocks, )
 #define MW_GEMM_TC_BLOCK_F32(wname, W, _) MW_GEMM_TC(wname, W, mw_linear::Blocks<float>, _block_f32)
 #define MW_GEMM_TC_BLOCK_BF16(wname, W, _) MW_GEMM_TC(wname, W, mw_linear::Blocks<bf16>, _block_bf16)
-// The weight dtypes of the tensor-core path: every float type but f32.
-#define MW_GEMM_TC_FOR_EACH_WEIGHT(INSTANTIATE)                                                      \
-    INSTANTIATE(f16, f16, )                                                                          \
-    INSTANTIATE(bf16, bf16, )                                                                        \
-    INSTANTIATE(e4m3fn, e4m3fn, )                                                                    \
-    INSTANTIATE(e4m3fnuz, e4m3fnuz, )                                                                \
-    INSTANTIATE(e5m2, e5m2, )                                                                        \
-    INSTANTIATE(e5m2fnuz, e5m2fnuz, )
-MW_GEMM_TC_FOR_EACH_WEIGHT(MW_GEMM_TC_PLAIN)
-MW_GEMM_TC_FOR_EACH_WEIGHT(MW_GEMM_TC_BLOCK_F32)
-MW_GEMM_TC_FOR_EACH_WEIGHT(MW_GEMM_TC_BLOCK_BF16)
+MW_LINEAR_FOR_EACH_TC_WEIGHT(MW_GEMM_TC_PLAIN)
+MW_LINEAR_FOR_EACH_TC_WEIGHT(MW_GEMM_TC_BLOCK_F32)
+MW_LINEAR_FOR_EACH_TC_WEIGHT(MW_GEMM_TC_BLOCK_BF16)

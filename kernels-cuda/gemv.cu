@@ -64,21 +64,21 @@
 // up. The 16-row tile issues about 500 per e4m3fn word (16 x 16 multiply-adds and 16 rows of x):
 // above 4 rows the GEMV is bound by issue, not memory, and belongs on tensor cores.
 //
-// x through L1: a lane reads, per row of x, sizeof(f32) / sizeof(w) bytes of x for each weight
-// byte (x is f32, hot in L1: every warp reads the same x). At R rows that is 4 R bytes per fp8
-// weight byte and 2 R per bf16 one. An SM's L1 delivers about 128 bytes per cycle, and at the
-// H200's copy peak an SM takes about 18 weight bytes per cycle, so the L1 caps the weight stream
-// at 128 / (4 R) bytes per cycle for fp8: about 32 at R = 1 (above the 18 needed), 8 at R = 4
-// (44% of it), 2 at R = 16; bf16 64, 16 (89%) and 4. So the batched tiles are bound by L1 as much
-// as by issue: gemv_j4 cuts the x bytes per weight byte by four at R = 4 (fp8 then as R = 1 is
-// now); the 16-row tile's cure is the tensor cores (x staged once in shared memory for many
-// output features). These are estimates from the instruction stream, not measurements:
-// benches/gpu's batch lines measure them. The 4-row chunk loops on sm_90a (nvcc 13.0), in
-// instructions per 16-byte weight word and x's 16-byte loads per weight word: e4m3fn gemv_r4 153
-// and 16, gemv_j4 124 and 4; with f32 block scales 165 and 16, 143 and 4; bf16 110 and 8, 92 and
-// 2. gemv_j4 holds 64 to 128 registers against 56 to 88 (widening its weights four at a time,
-// chunk_dots at NW >= 4, took it from up to 168, for about 4% more instructions), so fewer of its
-// warps fit on an SM, each with the same bytes in flight: which form wins is the measurement's.
+// x through L1: a lane reads, per row of x, sizeof(f32) / sizeof(w) bytes of x for each weight byte
+// (x is f32, hot in L1: every warp reads the same x). At R rows that is 4 R bytes per fp8 weight
+// byte and 2 R per bf16 one. An SM's L1 delivers about 128 bytes per cycle, and at the H200's copy
+// peak an SM takes about 18 weight bytes per cycle, so the L1 caps the weight stream at 128 / (4 R)
+// bytes per cycle for fp8: about 32 at R = 1 (above the 18 needed), 8 at R = 4 (44% of it), 2 at R
+// = 16; bf16 64, 16 (89%) and 4. So the batched tiles are bound by L1 as much as by issue: gemv_j4
+// cuts the x bytes per weight byte by four at R = 4 (fp8 then as R = 1 is now); the 16-row tile's
+// cure is the tensor cores (x staged once in shared memory for many output features: gemv_tc.cu,
+// opt-in by Gpu::set_gemv_tensor_core_rows). These are estimates from the instruction stream, not
+// measurements: benches/gpu's batch lines measure them. The 4-row chunk loops on sm_90a (nvcc
+// 13.0), in instructions per 16-byte weight word and x's 16-byte loads per weight word: e4m3fn
+// gemv_r4 153 and 16, gemv_j4 124 and 4; with f32 block scales 165 and 16, 143 and 4; bf16 110 and
+// 8, 92 and 2. gemv_j4 holds 64 to 128 registers against 56 to 88 (widening its weights four at a
+// time, chunk_dots at NW >= 4, took it from up to 168, for about 4% more instructions), so fewer of
+// its warps fit on an SM, each with the same bytes in flight: which form wins is the measurement's.
 //
 // Accuracy: f32 products and sums; fp8 / 16-bit / bf16 scales widen exactly. Each term
 // x * w (* s) meets at most k + 8 roundings (two products, the chunk sum, the lane's running sum,

@@ -92,8 +92,6 @@ struct Traits<f16> : Traits<bf16> {
     static constexpr int PARTS = 2;  // w = bf16 hi + bf16 lo, exactly (gemm_tc.cu)
 };
 
-MW_DEV bool finite(float v) { return (__float_as_uint(v) & 0x7f800000u) != 0x7f800000u; }
-
 // bf16x2 of two f32 that hold bf16 values (their low halves zero: truncation is exact); one PRMT
 // on the GPU.
 MW_DEV uint32_t pack_exact(float lo, float hi) {
@@ -420,14 +418,6 @@ MW_DEV void gemv_tc(const GemvTcParams& q) {
 #define MW_GEMV_TC_PLAIN(wname, W, _) MW_GEMV_TC_TILES(wname, W, mw_linear::NoBlocks, )
 #define MW_GEMV_TC_BLOCK_F32(wname, W, _) MW_GEMV_TC_TILES(wname, W, mw_linear::Blocks<float>, _block_f32)
 #define MW_GEMV_TC_BLOCK_BF16(wname, W, _) MW_GEMV_TC_TILES(wname, W, mw_linear::Blocks<bf16>, _block_bf16)
-// The weight dtypes of the tensor-core path: every float type but f32 (as gemm_tc.cu).
-#define MW_GEMV_TC_FOR_EACH_WEIGHT(INSTANTIATE)                                                      \
-    INSTANTIATE(f16, f16, )                                                                          \
-    INSTANTIATE(bf16, bf16, )                                                                        \
-    INSTANTIATE(e4m3fn, e4m3fn, )                                                                    \
-    INSTANTIATE(e4m3fnuz, e4m3fnuz, )                                                                \
-    INSTANTIATE(e5m2, e5m2, )                                                                        \
-    INSTANTIATE(e5m2fnuz, e5m2fnuz, )
-MW_GEMV_TC_FOR_EACH_WEIGHT(MW_GEMV_TC_PLAIN)
-MW_GEMV_TC_FOR_EACH_WEIGHT(MW_GEMV_TC_BLOCK_F32)
-MW_GEMV_TC_FOR_EACH_WEIGHT(MW_GEMV_TC_BLOCK_BF16)
+MW_LINEAR_FOR_EACH_TC_WEIGHT(MW_GEMV_TC_PLAIN)
+MW_LINEAR_FOR_EACH_TC_WEIGHT(MW_GEMV_TC_BLOCK_F32)
+MW_LINEAR_FOR_EACH_TC_WEIGHT(MW_GEMV_TC_BLOCK_BF16)

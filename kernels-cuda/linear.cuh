@@ -107,6 +107,9 @@ struct ChunkColumns {
     }
 };
 
+// Whether v is finite (neither infinite nor NaN), by its exponent bits.
+MW_DEV bool finite(float v) { return (__float_as_uint(v) & 0x7f800000u) != 0x7f800000u; }
+
 // y[i][j] = v in y's dtype (round to nearest even).
 MW_DEV void store_y(const LinearParams& p, uint64_t i, uint64_t j, float v) {
     const uint64_t at = i * p.n + j;
@@ -130,3 +133,13 @@ MW_DEV void store_y(const LinearParams& p, uint64_t i, uint64_t j, float v) {
     INSTANTIATE(e4m3fnuz, e4m3fnuz, KIND)                                                            \
     INSTANTIATE(e5m2, e5m2, KIND)                                                                    \
     INSTANTIATE(e5m2fnuz, e5m2fnuz, KIND)
+
+// The weight dtypes of the tensor-core kernels (gemm_tc.cu, gemv_tc.cu): every float type but f32,
+// INSTANTIATE(suffix, W, unused).
+#define MW_LINEAR_FOR_EACH_TC_WEIGHT(INSTANTIATE)                                                    \
+    INSTANTIATE(f16, f16, )                                                                          \
+    INSTANTIATE(bf16, bf16, )                                                                        \
+    INSTANTIATE(e4m3fn, e4m3fn, )                                                                    \
+    INSTANTIATE(e4m3fnuz, e4m3fnuz, )                                                                \
+    INSTANTIATE(e5m2, e5m2, )                                                                        \
+    INSTANTIATE(e5m2fnuz, e5m2fnuz, )
