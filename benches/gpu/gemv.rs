@@ -1,13 +1,14 @@
-//! GEMV (`y[m, n] = x[m, k] . W[n, k]^T`, f32 activations) through the `Backend` trait at the
-//! Llama 3.1 8B layer shapes, weights bf16 (no scale) and e4m3fn with per-channel f32 scales, each
-//! shape rotating over enough copies of its weight to fill 1 GiB: batch 1 at every shape, then
-//! batched decode (`BATCHES`: 4, 8 and 16 rows, each weight read once for all rows, on gemv.cu's
-//! tiles and on the alternatives: four output features per warp, `j4`, and the tensor cores of
-//! gemv_tc.cu, `tc`) at the fused gate/up matrix and, at 16 rows, at 4096 x 4096. The peer: cuBLAS `cublasGemmEx` (bf16 W and x, f32 y and compute: the closest it
-//! offers to our f32-activation GEMV; its bytes are counted the same way) on the same weight
-//! copies; fp8 has no plain cuBLAS GEMV (cublasLt only), so those lines have no peer yet. Bytes are `memwall_runtime::cost::linear_bytes` (weight + scales + x + y). Before
-//! timing, four rows of y (of the first and last rows of x) are checked against an f64 dot
-//! product.
+//! GEMV (`y[m, n] = x[m, k] . W[n, k]^T`, f32 activations) through the `Backend` trait at the Llama
+//! 3.1 8B layer shapes, weights bf16 (no scale) and e4m3fn with per-channel f32 scales, each shape
+//! rotating over enough copies of its weight to fill 1 GiB: batch 1 at every shape, then batched
+//! decode (`BATCHES`: 4, 8 and 16 rows, each weight read once for all rows, on gemv.cu's tiles and
+//! on the alternatives: four output features per warp, `j4`, and the tensor cores of gemv_tc.cu,
+//! `tc`) at the fused gate/up matrix and, at 16 rows, at 4096 x 4096. The peer: cuBLAS
+//! `cublasGemmEx` (bf16 W and x, f32 y and compute: the closest it offers to our f32-activation
+//! GEMV; its bytes are counted the same way) on the same weight copies; fp8 has no plain cuBLAS
+//! GEMV (cublasLt only), so those lines have no peer yet. Bytes are
+//! `memwall_runtime::cost::linear_bytes` (weight + scales + x + y). Before timing, four rows of y
+//! (of the first and last rows of x) are checked against an f64 dot product.
 //!
 //! Then the fused gate/up GEMV with its SiLU product (`gate_up_silu`) at the 8B MLP shape (n
 //! 14336, k 4096 each), gate and up rotating in pairs over the same working set; bytes are
@@ -38,16 +39,15 @@ enum Batched {
 
 /// Batched decode: `(m rows, n, k, kernel)`, the fused gate/up matrix of the 8B at the GEMV's 4-,
 /// 8- and 16-row shapes, each on gemv.cu's tile and its alternative (gemv.cu estimates its
-/// batched tiles bound by x's reads through L1 and by issue; these lines measure it), and the
-/// 4096 x 4096 projections at 16 rows, where gemv_tc.cu cuts k into runs.
-const BATCHES: [(usize, usize, usize, Batched); 8] = [
+/// batched tiles bound by x's reads through L1 and by issue; these lines measure it), and
+/// gemv_tc.cu at the 4096 x 4096 projections at 16 rows, where it cuts k into runs.
+const BATCHES: [(usize, usize, usize, Batched); 7] = [
     (4, 28672, 4096, Batched::Simt),
     (4, 28672, 4096, Batched::J4),
     (8, 28672, 4096, Batched::Simt),
     (8, 28672, 4096, Batched::TensorCores),
     (16, 28672, 4096, Batched::Simt),
     (16, 28672, 4096, Batched::TensorCores),
-    (16, 4096, 4096, Batched::Simt),
     (16, 4096, 4096, Batched::TensorCores),
 ];
 /// Llama 3.1 8B gate and up projections, `(n, k)` each.
