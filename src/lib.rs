@@ -170,13 +170,67 @@ pub fn emulated_hip_backend(
 /// an error (never a panic) where no device exists or the build has no code objects for it.
 #[cfg(feature = "hip")]
 pub fn hip_backend(ordinal: usize) -> runtime::Result<runtime::gpu::Gpu<runtime::gpu::hip::HipDevice>> {
-    runtime::gpu::Gpu::new(runtime::gpu::hip::HipDevice::new(ordinal, kernels::HIP_CODE_OBJECTS)?)
+    gemv_settings(runtime::gpu::Gpu::new(runtime::gpu::hip::HipDevice::new(
+        ordinal,
+        kernels::HIP_CODE_OBJECTS,
+    )?)?)
+}
+
+/// The GEMV choices of a device backend from the environment, for the command line and engines
+/// that do not set them: `MEMWALL_GEMV_WARP_ROWS` (1 or 4: [`Gpu::set_gemv_warp_rows`]) and
+/// `MEMWALL_GEMV_TC_ROWS` (1 to 16, or `off`: [`Gpu::set_gemv_tensor_core_rows`]). Unset keeps the
+/// defaults; a value out of range is an error naming the variable.
+///
+/// [`Gpu::set_gemv_warp_rows`]: runtime::gpu::Gpu::set_gemv_warp_rows
+/// [`Gpu::set_gemv_tensor_core_rows`]: runtime::gpu::Gpu::set_gemv_tensor_core_rows
+#[cfg(any(feature = "cuda", feature = "hip"))]
+fn gemv_settings<D: runtime::gpu::Device>(g: runtime::gpu::Gpu<D>) -> runtime::Result<runtime::gpu::Gpu<D>> {
+    let read = |name: &'static str| rows_setting(name, std::env::var(name).ok().as_deref());
+    if let Some(rows) = read("MEMWALL_GEMV_WARP_ROWS")? {
+        g.set_gemv_warp_rows(rows.unwrap_or(1))
+            .map_err(|e| runtime::Error::Argument { op: "MEMWALL_GEMV_WARP_ROWS", msg: e.to_string() })?;
+    }
+    if let Some(rows) = read("MEMWALL_GEMV_TC_ROWS")? {
+        g.set_gemv_tensor_core_rows(rows)
+            .map_err(|e| runtime::Error::Argument { op: "MEMWALL_GEMV_TC_ROWS", msg: e.to_string() })?;
+    }
+    Ok(g)
+}
+
+/// A rows setting of the environment (`value` of variable `name`): None where unset, Some(None)
+/// for `off`, Some(Some(rows)) for a number; anything else an error naming the variable.
+#[cfg_attr(not(any(feature = "cuda", feature = "hip")), allow(dead_code))]
+fn rows_setting(name: &'static str, value: Option<&str>) -> runtime::Result<Option<Option<usize>>> {
+    match value {
+        None => Ok(None),
+        Some("off") => Ok(Some(None)),
+        Some(v) => v.trim().parse::<usize>().map(|n| Some(Some(n))).map_err(|_| runtime::Error::Argument {
+            op: name,
+            msg: format!("{v:?} is not a number of rows (or `off`)"),
+        }),
+    }
 }
 
 /// The CUDA backend on device `ordinal`: an error (never a panic) where no driver or no device
-/// exists.
+/// exists. Its GEMV choices come from the environment where set: `MEMWALL_GEMV_WARP_ROWS` (1 or
+/// 4) and `MEMWALL_GEMV_TC_ROWS` (1 to 16 or `off`; see `Gpu::set_gemv_tensor_core_rows`).
 #[cfg(feature = "cuda")]
 pub fn cuda_backend(ordinal: usize) -> runtime::Result<runtime::gpu::Gpu<runtime::gpu::cuda::CudaDevice>> {
     let device = runtime::gpu::cuda::CudaDevice::new(ordinal, kernels::CUDA_FATBINS, kernels::CUDA_SOURCES)?;
-    runtime::gpu::Gpu::new(device)
+    gemv_settings(runtime::gpu::Gpu::new(device)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_settings_of_the_environment() {
+        let v = |s| rows_setting("MEMWALL_GEMV_TC_ROWS", s);
+        assert_eq!(v(None).unwrap(), None);
+        assert_eq!(v(Some("off")).unwrap(), Some(None));
+        assert_eq!(v(Some("5")).unwrap(), Some(Some(5)));
+        let e = v(Some("five")).unwrap_err().to_string();
+        assert!(e.contains("MEMWALL_GEMV_TC_ROWS") && e.contains("five"), "{e}");
+    }
 }
