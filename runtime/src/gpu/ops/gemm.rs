@@ -6,7 +6,7 @@
 
 use super::super::{Device, DeviceInfo, Gpu, GpuStorage, LaunchCfg, Vendor, dim};
 use super::linear::launch_linear;
-use crate::ops::{Linear, LinearDims, WeightScale};
+use crate::ops::{Linear, LinearDims};
 use crate::{DType, Result, Tensor};
 
 type T<D> = Tensor<GpuStorage<<D as Device>::Buffer>>;
@@ -53,10 +53,22 @@ pub fn gemm_path(
     blocks: Option<(usize, usize)>,
     info: &DeviceInfo,
 ) -> GemmPath {
-    let tc_weight = weight != DType::F32 && DType::FLOATS.contains(&weight);
-    let words = tc_weight && d.k.is_multiple_of(16 / weight.size());
     let scales = blocks.is_none_or(|(_, bc)| bc >= d.k || bc.is_multiple_of(TC_TILE_K));
-    if has_mma_bf16(info) && words && scales && d.k > 0 { GemmPath::TensorCore } else { GemmPath::CudaCore }
+    if has_mma_bf16(info) && tc_words(d, weight) && scales {
+        GemmPath::TensorCore
+    } else {
+        GemmPath::CudaCore
+    }
+}
+
+/// Whether the tensor-core kernels (gemm_tc.cu, gemv_tc.cu) take a `weight` of this dtype at `d`:
+/// 16-bit or fp8 (f32 weights would need splitting too), k > 0 a multiple of a 16-byte word of it
+/// (8 of 16-bit, 16 of fp8).
+pub fn tc_words(d: LinearDims, weight: DType) -> bool {
+    weight != DType::F32
+        && DType::FLOATS.contains(&weight)
+        && d.k > 0
+        && d.k.is_multiple_of(16 / weight.size())
 }
 
 /// The grid of either GEMM: one block per output tile of `tile_m` x `tile_n`.
@@ -104,12 +116,7 @@ pub(crate) fn gemm<D: Device>(
     y: &mut T<D>,
 ) -> Result<()> {
     let info = g.device().info();
-    let blocks = match &w.scale {
-        WeightScale::None | WeightScale::PerTensor(_) => None,
-        WeightScale::PerChannel(_) => Some((1, d.k)),
-        WeightScale::Block { block_rows, block_cols, .. } => Some((*block_rows, *block_cols)),
-    };
-    match gemm_path(d, w.weight.dtype(), blocks, info) {
+    match gemm_path(d, w.weight.dtype(), super::linear::scale_blocks(d, &w.scale), info) {
         GemmPath::TensorCore => {
             launch_linear(g, d, x, w, y, ("gemm_tc", None), gemm_tc_launch(d.m, d.n, info)?)
         }

@@ -206,7 +206,7 @@ pub fn kernel_names() -> Vec<&'static str> {
 pub(crate) fn weight_params<D: Device>(
     d: LinearDims,
     w: &Linear<GpuStorage<D::Buffer>>,
-) -> Result<(Option<DType>, u64, u32, u32, f32)> {
+) -> Result<WeightParams> {
     let op = "linear";
     let blocks = |scales: &T<D>, rows: usize, cols: usize| -> Result<_> {
         dim(op, "n (block-scaled)", d.n)?;
@@ -229,6 +229,55 @@ pub(crate) fn weight_params<D: Device>(
     }
 }
 
+/// `weight_params`' tuple: `(block scale dtype, scales, block_rows, block_cols, scale)`.
+type WeightParams = (Option<DType>, u64, u32, u32, f32);
+
+impl LinearParams {
+    /// The params of `d` over device addresses `x` (f32) and `weight`, the weight side `ws`
+    /// (`weight_params`), and y at `y` in `MW_Y_*` dtype `y_dtype`.
+    fn new(d: LinearDims, x: u64, weight: u64, ws: WeightParams, (y, y_dtype): (u64, u32)) -> Self {
+        let (_, scales, block_rows, block_cols, scale) = ws;
+        LinearParams {
+            y,
+            x,
+            weight,
+            scales,
+            m: d.m as u64,
+            n: d.n as u64,
+            k: d.k as u64,
+            block_rows,
+            block_cols,
+            scale,
+            y_dtype,
+        }
+    }
+}
+
+/// The tensor-core kernels read x and the weight in 16-byte words: an error naming `what` where
+/// either address is not 16-byte aligned (device buffers are 256-byte aligned, so this only
+/// guards the contract).
+fn words_aligned(what: &str, x: u64, weight: u64) -> Result<()> {
+    if x.is_multiple_of(16) && weight.is_multiple_of(16) {
+        return Ok(());
+    }
+    Err(Error::Argument {
+        op: "linear",
+        msg: format!("{what} needs 16-byte aligned x ({x:#x}) and weight ({weight:#x})"),
+    })
+}
+
+/// The kernel that widens 16-bit `x` to f32 (`linear_x_f32_<t>`), None for f32 x.
+fn widen_kernel(x: DType) -> Result<Option<&'static str>> {
+    match x {
+        DType::F32 => Ok(None),
+        DType::BF16 => Ok(Some("linear_x_f32_bf16")),
+        DType::F16 => Ok(Some("linear_x_f32_f16")),
+        other => {
+            Err(Error::DType { op: "linear", tensor: "x", got: other, allowed: DType::ACTIVATIONS.to_vec() })
+        }
+    }
+}
+
 /// `MW_Y_*` of params/linear.h.
 fn y_code(y: DType) -> u32 {
     match y {
@@ -246,15 +295,7 @@ pub(crate) fn with_f32_x<D: Device, R>(
     x: &T<D>,
     f: impl FnOnce(u64) -> Result<R>,
 ) -> Result<R> {
-    let op = "linear";
-    let name = match x.dtype() {
-        DType::F32 => return f(addr::<D>(x)),
-        DType::BF16 => "linear_x_f32_bf16",
-        DType::F16 => "linear_x_f32_f16",
-        other => {
-            return Err(Error::DType { op, tensor: "x", got: other, allowed: DType::ACTIVATIONS.to_vec() });
-        }
-    };
+    let Some(name) = widen_kernel(x.dtype())? else { return f(addr::<D>(x)) };
     g.with_scratch("linear_x", &[d.m * d.k * 4], |at| {
         widen_x(g, d, x, name, at[0])?;
         f(at[0])
@@ -284,8 +325,7 @@ pub fn gemv_tc_applies(
     blocks: Option<(usize, usize)>,
     info: &DeviceInfo,
 ) -> bool {
-    let tc_weight = weight != DType::F32 && DType::FLOATS.contains(&weight);
-    let words = tc_weight && d.k > 0 && d.k.is_multiple_of(16 / weight.size());
+    let words = super::gemm::tc_words(d, weight);
     let scales = blocks.is_none_or(|(_, bc)| bc >= d.k || bc.is_multiple_of(GEMV_TC_STEP_K));
     let fits = u32::try_from(d.n).is_ok() && u32::try_from(d.k).is_ok();
     (1..=GEMV_MAX_ROWS).contains(&d.m) && super::gemm::has_mma_bf16(info) && words && scales && fits
@@ -336,7 +376,7 @@ fn gcd(a: usize, b: usize) -> usize {
 }
 
 /// `(block_rows, block_cols)` of a block or per-channel scale; None for none or per tensor.
-fn scale_blocks<B>(d: LinearDims, scale: &WeightScale<B>) -> Option<(usize, usize)> {
+pub(crate) fn scale_blocks<B>(d: LinearDims, scale: &WeightScale<B>) -> Option<(usize, usize)> {
     match scale {
         WeightScale::None | WeightScale::PerTensor(_) => None,
         WeightScale::PerChannel(_) => Some((1, d.k)),
@@ -355,19 +395,12 @@ fn gemv_tc<D: Device>(
 ) -> Result<()> {
     let op = "linear";
     let rows = row_tile(&GEMV_TC_ROW_TILES, d.m).ok_or_else(|| super::unsupported(op, g.name()))?;
-    let (scale_dtype, scales, block_rows, block_cols, scale) = weight_params::<D>(d, w)?;
-    let name = kernel_name("gemv_tc", w.weight.dtype(), scale_dtype, Some(rows))
+    let ws = weight_params::<D>(d, w)?;
+    let name = kernel_name("gemv_tc", w.weight.dtype(), ws.0, Some(rows))
         .ok_or_else(|| super::unsupported(op, g.name()))?;
     let blocks = scale_blocks(d, &w.scale).map(|(_, bc)| bc);
     let (cfg, split_cols, splits) = gemv_tc_plan(d, w.weight.dtype(), blocks, g.device().info())?;
-    let widen = match x.dtype() {
-        DType::F32 => None,
-        DType::BF16 => Some("linear_x_f32_bf16"),
-        DType::F16 => Some("linear_x_f32_f16"),
-        other => {
-            return Err(Error::DType { op, tensor: "x", got: other, allowed: DType::ACTIVATIONS.to_vec() });
-        }
-    };
+    let widen = widen_kernel(x.dtype())?;
     let split = splits > 1;
     let sizes = [
         if split { cfg.grid[0] as usize * 4 } else { 0 },
@@ -383,27 +416,8 @@ fn gemv_tc<D: Device>(
             }
             None => addr::<D>(x),
         };
-        if !x_addr.is_multiple_of(16) || !w_addr.is_multiple_of(16) {
-            return Err(Error::Argument {
-                op,
-                msg: format!(
-                    "tensor-core GEMV needs 16-byte aligned x ({x_addr:#x}) and weight ({w_addr:#x})"
-                ),
-            });
-        }
-        let lin = LinearParams {
-            y: y_addr,
-            x: x_addr,
-            weight: w_addr,
-            scales,
-            m: d.m as u64,
-            n: d.n as u64,
-            k: d.k as u64,
-            block_rows,
-            block_cols,
-            scale,
-            y_dtype,
-        };
+        words_aligned("tensor-core GEMV", x_addr, w_addr)?;
+        let lin = LinearParams::new(d, x_addr, w_addr, ws, (y_addr, y_dtype));
         let (arrivals, partials) = if split { (at[0], at[1]) } else { (0, 0) };
         let p = GemvTcParams { lin, partials, arrivals, split_cols, splits };
         // SAFETY: `check_linear` and `check_float_weight` checked x [m, k] (f32 here), the weight
@@ -454,36 +468,17 @@ pub(crate) fn launch_linear<D: Device>(
     (family, rows): (&str, Option<usize>),
     cfg: LaunchCfg,
 ) -> Result<()> {
-    let (scale_dtype, scales, block_rows, block_cols, scale) = weight_params::<D>(d, w)?;
-    let name = kernel_name(family, w.weight.dtype(), scale_dtype, rows)
+    let ws = weight_params::<D>(d, w)?;
+    let name = kernel_name(family, w.weight.dtype(), ws.0, rows)
         .ok_or_else(|| super::unsupported("linear", g.name()))?;
     let y_addr = addr::<D>(y);
     let y_dtype = y_code(y.dtype());
     let w_addr = addr::<D>(&w.weight);
     with_f32_x(g, d, x, |x_addr| {
-        // gemm_tc.cu reads x and the weight in 16-byte words (device buffers are 256-byte aligned,
-        // so this only guards the contract).
-        if family == "gemm_tc" && (!x_addr.is_multiple_of(16) || !w_addr.is_multiple_of(16)) {
-            return Err(Error::Argument {
-                op: "linear",
-                msg: format!(
-                    "tensor-core GEMM needs 16-byte aligned x ({x_addr:#x}) and weight ({w_addr:#x})"
-                ),
-            });
+        if family == "gemm_tc" {
+            words_aligned("tensor-core GEMM", x_addr, w_addr)?;
         }
-        let p = LinearParams {
-            y: y_addr,
-            x: x_addr,
-            weight: w_addr,
-            scales,
-            m: d.m as u64,
-            n: d.n as u64,
-            k: d.k as u64,
-            block_rows,
-            block_cols,
-            scale,
-            y_dtype,
-        };
+        let p = LinearParams::new(d, x_addr, w_addr, ws, (y_addr, y_dtype));
         // SAFETY: `check_linear` and `check_float_weight` checked x [m, k] (f32 here), the weight
         // [n, k] of the kernel's dtype, its scales' shape and dtype, and y [m, n] of y_dtype; both
         // kernels bound every element they touch by m, n and k, so each access is inside its
@@ -511,7 +506,8 @@ pub(crate) fn gate_up_silu<D: Device>(
     let Some(rows) = row_tile(&GATE_UP_ROW_TILES, d.m) else {
         return crate::backend::gate_up_silu_composed(g, d, x, w_gate, w_up, scratch, out);
     };
-    let (scale_dtype, gate_scales, block_rows, block_cols, gate_scale) = weight_params::<D>(d, w_gate)?;
+    let gate_ws = weight_params::<D>(d, w_gate)?;
+    let (scale_dtype, _, block_rows, block_cols, _) = gate_ws;
     let (up_dtype, up_scales, up_rows, up_cols, up_scale) = weight_params::<D>(d, w_up)?;
     if (up_dtype, up_rows, up_cols) != (scale_dtype, block_rows, block_cols) {
         return Err(Error::Argument { op, msg: "gate and up are not scaled alike".into() });
@@ -521,19 +517,7 @@ pub(crate) fn gate_up_silu<D: Device>(
     let cfg = gemv_launch(d.n, g.device().info())?;
     let (gate_addr, up_addr, out_addr) = (addr::<D>(&w_gate.weight), addr::<D>(&w_up.weight), addr::<D>(out));
     with_f32_x(g, d, x, |x_addr| {
-        let gate = LinearParams {
-            y: out_addr,
-            x: x_addr,
-            weight: gate_addr,
-            scales: gate_scales,
-            m: d.m as u64,
-            n: d.n as u64,
-            k: d.k as u64,
-            block_rows,
-            block_cols,
-            scale: gate_scale,
-            y_dtype: y_code(DType::F32),
-        };
+        let gate = LinearParams::new(d, x_addr, gate_addr, gate_ws, (out_addr, y_code(DType::F32)));
         let p = GateUpParams { gate, up: up_addr, up_scales, up_scale, pad: 0 };
         // SAFETY: `check_gate_up_silu` checked x [m, k] (f32 here), gate and up [n, k] of the
         // kernel's dtype with scales of one kind, dtype and block shape (compared again above),
@@ -574,20 +558,8 @@ pub(crate) fn qkv<D: Device>(
     let cfg = LaunchCfg { grid: [dim(op, "blocks", blocks as usize)?, 1, 1], ..grids[0] };
     with_f32_x(g, d[0], x, |x_addr| {
         let part = |i: usize| {
-            let (_, scales_addr, block_rows, block_cols, scale) = scales[i];
-            LinearParams {
-                y: addr::<D>(&*y[i]),
-                x: x_addr,
-                weight: addr::<D>(&w[i].weight),
-                scales: scales_addr,
-                m: d[i].m as u64,
-                n: d[i].n as u64,
-                k: d[i].k as u64,
-                block_rows,
-                block_cols,
-                scale,
-                y_dtype: y_code(y[i].dtype()),
-            }
+            let y_i = (addr::<D>(&*y[i]), y_code(y[i].dtype()));
+            LinearParams::new(d[i], x_addr, addr::<D>(&w[i].weight), scales[i], y_i)
         };
         let p = QkvParams { part: [part(0), part(1), part(2)], blocks: [grids[0].grid[0], grids[1].grid[0]] };
         // SAFETY: `check_qkv` checked each product as `check_linear` does (x [m, k], f32 here and
