@@ -76,69 +76,26 @@ constexpr int CHUNK = 8;  // bf16 per 16-byte chunk of a shared row
 static_assert(TILE_K == 4 * CHUNK, "the swizzle permutes the 4 chunks of a row");
 static_assert(FRAG_N % 2 == 0, "one ldmatrix_x4 yields two n8 B fragments");
 
-// 16-byte words of x and of the weight per thread per tile.
-constexpr int X_WORDS = TILE_M * TILE_K / 4 / THREADS;
-static_assert(X_WORDS * 4 * THREADS == TILE_M * TILE_K, "x tile in whole words per thread");
 template <typename W>
-struct WeightTraits {
-    static constexpr int PER_WORD = 16 / int(sizeof(W));
-    static constexpr int WORDS = TILE_N * TILE_K / PER_WORD / THREADS;
-    static constexpr int PARTS = 1;  // bf16 and fp8 are bf16 values
-    static_assert(WORDS * PER_WORD * THREADS == TILE_N * TILE_K, "weight tile in whole words per thread");
-};
-template <>
-struct WeightTraits<f16> {
-    static constexpr int PER_WORD = 8;
-    static constexpr int WORDS = TILE_N * TILE_K / PER_WORD / THREADS;
-    static constexpr int PARTS = 2;  // w = bf16 hi + bf16 lo, exactly
-};
+using Staged = TileWords<W, TILE_M, TILE_N, TILE_K, THREADS>;
+// bf16 parts per weight element: f16 = bf16 hi + bf16 lo exactly; bf16 and fp8 are bf16 values.
+template <typename W>
+constexpr int W_PARTS = IS_F16<W> ? 2 : 1;
 
 // The element offset of (row, col) in a swizzled [rows][TILE_K] shared tile.
 MW_DEV int swizzled(int row, int col) {
     return row * TILE_K + (((col / CHUNK) ^ ((row / 2) % 4)) * CHUNK) + col % CHUNK;
 }
 
-// One tile's global words, in registers between the load and the store into shared memory.
-template <typename W>
-struct Staged {
-    Words x_stage[X_WORDS];
-    Words w_stage[WeightTraits<W>::WORDS];
-};
-
-// Loads the x tile rows [i0, +TILE_M) and weight tile rows [j0, +TILE_N), columns [l0, +TILE_K);
-// words outside the matrices are zero (k is a multiple of every word's elements, so a word is
-// wholly inside or outside).
-template <typename W>
-MW_DEV void load_tile(const LinearParams& p, uint64_t i0, uint64_t j0, uint64_t l0, Staged<W>& s) {
-    using WT = WeightTraits<W>;
-    const int t = threadIdx.x;
-#pragma unroll
-    for (int r = 0; r < X_WORDS; ++r) {
-        const int c = t + r * THREADS, row = c / (TILE_K / 4), col = (c % (TILE_K / 4)) * 4;
-        const uint64_t i = i0 + row, l = l0 + col;
-        s.x_stage[r] = (i < p.m && l < p.k) ? *reinterpret_cast<const Words*>(p.x + i * p.k + l) : Words{{0, 0, 0, 0}};
-    }
-    const W* weight = reinterpret_cast<const W*>(p.weight);
-#pragma unroll
-    for (int r = 0; r < WT::WORDS; ++r) {
-        const int c = t + r * THREADS, row = c / (TILE_K / WT::PER_WORD), col = (c % (TILE_K / WT::PER_WORD)) * WT::PER_WORD;
-        const uint64_t j = j0 + row, l = l0 + col;
-        s.w_stage[r] =
-            (j < p.n && l < p.k) ? *reinterpret_cast<const Words*>(weight + j * p.k + l) : Words{{0, 0, 0, 0}};
-    }
-}
-
 // Splits / widens the staged words into shared tiles x_smem[part], w_smem[part].
 template <typename W>
 MW_DEV void store_tile(const Staged<W>& s, bf16 (*x_smem)[TILE_M * TILE_K], bf16 (*w_smem)[TILE_N * TILE_K]) {
-    using WT = WeightTraits<W>;
-    const int t = threadIdx.x;
 #pragma unroll
-    for (int r = 0; r < X_WORDS; ++r) {
-        const int c = t + r * THREADS, row = c / (TILE_K / 4), col = (c % (TILE_K / 4)) * 4;
+    for (int r = 0; r < Staged<W>::X_WORDS; ++r) {
+        const int row = Staged<W>::x_row(r), col = Staged<W>::x_col(r);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const float x = __uint_as_float(s.x_stage[r].e[e]);
+            const float x = __uint_as_float(s.x[r].e[e]);
             const bf16 hi = mw::from_f32<bf16>(x);
             const float rest = finite(mw::to_f32(hi)) ? x - mw::to_f32(hi) : 0.0f;
             const bf16 mid = mw::from_f32<bf16>(rest);
@@ -150,15 +107,15 @@ MW_DEV void store_tile(const Staged<W>& s, bf16 (*x_smem)[TILE_M * TILE_K], bf16
         }
     }
 #pragma unroll
-    for (int r = 0; r < WT::WORDS; ++r) {
-        const int c = t + r * THREADS, row = c / (TILE_K / WT::PER_WORD), col = (c % (TILE_K / WT::PER_WORD)) * WT::PER_WORD;
+    for (int r = 0; r < Staged<W>::W_WORDS; ++r) {
+        const int row = Staged<W>::w_row(r), col = Staged<W>::w_col(r);
 #pragma unroll
-        for (int e = 0; e < WT::PER_WORD; ++e) {
-            const float w = element<W>(s.w_stage[r], e);
+        for (int e = 0; e < Staged<W>::PER_WORD; ++e) {
+            const float w = element<W>(s.w[r], e);
             const bf16 hi = mw::from_f32<bf16>(w);  // exact unless W is f16
             const int at = swizzled(row, col + e);
             w_smem[0][at] = hi;
-            if constexpr (WT::PARTS == 2) {
+            if constexpr (W_PARTS<W> == 2) {
                 w_smem[1][at] = mw::from_f32<bf16>(finite(w) ? w - mw::to_f32(hi) : 0.0f);
             }
         }
@@ -209,9 +166,9 @@ MW_DEV void mma_tile(const bf16 (*x_smem)[TILE_M * TILE_K], const bf16 (*w_smem)
 
 template <typename W, typename Scale>
 MW_DEV void gemm_tc(const LinearParams& p) {
-    using WT = WeightTraits<W>;
+    constexpr int WP = W_PARTS<W>;
     __shared__ __align__(16) bf16 x_smem[2][X_PARTS][TILE_M * TILE_K];
-    __shared__ __align__(16) bf16 w_smem[2][WT::PARTS][TILE_N * TILE_K];
+    __shared__ __align__(16) bf16 w_smem[2][WP][TILE_N * TILE_K];
     const int lane = threadIdx.x % MW_WARP, warp = threadIdx.x / MW_WARP;
     const int wm = warp / WARPS_N, wn = warp % WARPS_N, g = lane >> 2, tq = lane % 4;
     const uint64_t i0 = uint64_t(blockIdx.y) * TILE_M, j0 = uint64_t(blockIdx.x) * TILE_N;
@@ -228,15 +185,15 @@ MW_DEV void gemm_tc(const LinearParams& p) {
             for (int e = 0; e < 4; ++e) acc_f32[mt][nt][e] = part_f32[mt][nt][e] = 0.0f;
 
     Staged<W> staged;
-    load_tile<W>(p, i0, j0, 0, staged);
+    staged.load(p, i0, j0, 0);
     store_tile<W>(staged, x_smem[0], w_smem[0]);
     __syncthreads();
     for (uint64_t tile = 0; tile < tiles; ++tile) {
         const int buf = int(tile % 2);
         const bool more = tile + 1 < tiles;
-        if (more) load_tile<W>(p, i0, j0, (tile + 1) * TILE_K, staged);
+        if (more) staged.load(p, i0, j0, (tile + 1) * TILE_K);
         if constexpr (Scale::BLOCKS) {
-            mma_tile<WT::PARTS>(x_smem[buf], w_smem[buf], wm, wn, part_f32);
+            mma_tile<WP>(x_smem[buf], w_smem[buf], wm, wn, part_f32);
             if (!more || (tile + 1) % block_tiles == 0) {
                 // The k-block ends: acc += part * its scale, column by column.
                 const uint64_t l = tile * TILE_K;
@@ -256,7 +213,7 @@ MW_DEV void gemm_tc(const LinearParams& p) {
                     }
             }
         } else {
-            mma_tile<WT::PARTS>(x_smem[buf], w_smem[buf], wm, wn, acc_f32);
+            mma_tile<WP>(x_smem[buf], w_smem[buf], wm, wn, acc_f32);
         }
         // The other buffer was last read in the previous step, before the barrier that ended it.
         if (more) store_tile<W>(staged, x_smem[buf ^ 1], w_smem[buf ^ 1]);

@@ -92,56 +92,10 @@ struct Traits<f16> : Traits<bf16> {
     static constexpr int PARTS = 2;  // w = bf16 hi + bf16 lo, exactly (gemm_tc.cu)
 };
 
-// bf16x2 of two f32 that hold bf16 values (their low halves zero: truncation is exact); one PRMT
-// on the GPU.
-MW_DEV uint32_t pack_exact(float lo, float hi) {
-#if defined(__CUDA_ARCH__)
-    return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632);
-#else
-    return (__float_as_uint(lo) >> 16) | (__float_as_uint(hi) & 0xffff0000u);
-#endif
-}
-// bf16x2 of two f32, each rounded to nearest even (NaN stays NaN): one cvt on sm_80 and later.
-MW_DEV uint32_t pack_rn(float lo, float hi) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    uint32_t d;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));  // a (hi) to the upper half
-    return d;
-#else
-    return uint32_t(mw::from_f32<bf16>(lo).bits) | uint32_t(mw::from_f32<bf16>(hi).bits) << 16;
-#endif
-}
-
 // The lane's weight words of one step: [m16 tile][row g, row g + 8].
 struct StepWords {
     Words w[TILES][2];
 };
-
-// Columns 8 half .. 8 half + 7 of a lane's VEC columns of one row as four bf16x2 (hi, and for
-// f16 lo = w - hi): the A elements of slices 2 half and 2 half + 1.
-template <typename W>
-MW_DEV void widen_half(const Words& w, int half, uint32_t (&hi)[4], uint32_t (&lo)[4]) {
-    if constexpr (sizeof(W) == 1) {
-#pragma unroll
-        for (int q = 0; q < 2; ++q) {
-            float f[4];
-            mw::to_f32x4<W>(w.e[2 * half + q], f);
-            hi[2 * q] = pack_exact(f[0], f[1]);
-            hi[2 * q + 1] = pack_exact(f[2], f[3]);
-        }
-    } else if constexpr (Traits<W>::PARTS == 1) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) hi[q] = w.e[q];
-    } else {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            const float a = element<W>(w, 2 * q), b = element<W>(w, 2 * q + 1);
-            hi[q] = pack_rn(a, b);
-            const float a_hi = __uint_as_float(hi[q] << 16), b_hi = __uint_as_float(hi[q] & 0xffff0000u);
-            lo[q] = pack_rn(finite(a) ? a - a_hi : 0.0f, finite(b) ? b - b_hi : 0.0f);
-        }
-    }
-}
 
 // The lane's weight rows, set up once: the address of its first column in each of its four rows
 // (rows past n read row j0's instead: their sums are never stored) and whether the row exists.
@@ -211,15 +165,10 @@ MW_DEV void store_x(const XStage<R>& s, bf16* xs) {
         Pair parts[X_PARTS];
 #pragma unroll
         for (int e = 0; e < 4; e += 2) {
-            const float x0 = __uint_as_float(s.x[r].e[e]), x1 = __uint_as_float(s.x[r].e[e + 1]);
-            const uint32_t h = pack_rn(x0, x1);
-            const float h0 = __uint_as_float(h << 16), h1 = __uint_as_float(h & 0xffff0000u);
-            const float r0 = finite(h0) ? x0 - h0 : 0.0f, r1 = finite(h1) ? x1 - h1 : 0.0f;
-            const uint32_t m = pack_rn(r0, r1);
-            const uint32_t l = pack_rn(r0 - __uint_as_float(m << 16), r1 - __uint_as_float(m & 0xffff0000u));
-            parts[0].e[e / 2] = h;
-            parts[1].e[e / 2] = m;
-            parts[2].e[e / 2] = l;
+            uint32_t pair[X_PARTS];
+            split_x2(__uint_as_float(s.x[r].e[e]), __uint_as_float(s.x[r].e[e + 1]), pair);
+#pragma unroll
+            for (int q = 0; q < X_PARTS; ++q) parts[q].e[e / 2] = pair[q];
         }
 #pragma unroll
         for (int q = 0; q < X_PARTS; ++q) *reinterpret_cast<Pair*>(xs + (q * R + row) * ROW + col) = parts[q];

@@ -110,6 +110,109 @@ struct ChunkColumns {
 // Whether v is finite (neither infinite nor NaN), by its exponent bits.
 MW_DEV bool finite(float v) { return (__float_as_uint(v) & 0x7f800000u) != 0x7f800000u; }
 
+// bf16x2 of two f32 that hold bf16 values (their low halves zero: truncation is exact); one PRMT
+// on the GPU.
+MW_DEV uint32_t pack_exact(float lo, float hi) {
+#if defined(__CUDA_ARCH__)
+    return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632);
+#else
+    return (__float_as_uint(lo) >> 16) | (__float_as_uint(hi) & 0xffff0000u);
+#endif
+}
+
+// bf16x2 of two f32, each rounded to nearest even (NaN stays NaN): one cvt on sm_80 and later.
+MW_DEV uint32_t pack_rn(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    uint32_t d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));  // a (hi) to the upper half
+    return d;
+#else
+    return uint32_t(mw::from_f32<bf16>(lo).bits) | uint32_t(mw::from_f32<bf16>(hi).bits) << 16;
+#endif
+}
+
+// The three bf16 parts of two f32 activations, as bf16x2 (x0 in the low halves): h = bf16(x),
+// m = bf16(x - h), l = bf16(x - h - m), each difference exact in f32, so |x - (h + m + l)| <=
+// 2^-24 |x| (gemm_tc.cu's contract); a non-finite h keeps m = l = 0.
+MW_DEV void split_x2(float x0, float x1, uint32_t (&parts)[3]) {
+    const uint32_t h = pack_rn(x0, x1);
+    const float h0 = __uint_as_float(h << 16), h1 = __uint_as_float(h & 0xffff0000u);
+    const float r0 = finite(h0) ? x0 - h0 : 0.0f, r1 = finite(h1) ? x1 - h1 : 0.0f;
+    const uint32_t m = pack_rn(r0, r1);
+    parts[0] = h;
+    parts[1] = m;
+    parts[2] = pack_rn(r0 - __uint_as_float(m << 16), r1 - __uint_as_float(m & 0xffff0000u));
+}
+
+// Whether W is f16, whose values need two bf16 parts (every other 16-bit or fp8 value is a bf16).
+template <typename W>
+constexpr bool IS_F16 = false;
+template <>
+constexpr bool IS_F16<f16> = true;
+
+// Elements 8 half .. 8 half + 7 of 16 bytes of W (half < 16 / sizeof(W) / 8) as four bf16x2,
+// exactly: hi, and for f16 also lo = w - hi (every fp8 and bf16 value is a bf16; an f16 is the sum
+// of two, gemm_tc.cu).
+template <typename W>
+MW_DEV void widen_half(const Words& w, int half, uint32_t (&hi)[4], uint32_t (&lo)[4]) {
+    if constexpr (sizeof(W) == 1) {
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+            float f[4];
+            mw::to_f32x4<W>(w.e[2 * half + q], f);
+            hi[2 * q] = pack_exact(f[0], f[1]);
+            hi[2 * q + 1] = pack_exact(f[2], f[3]);
+        }
+    } else if constexpr (!IS_F16<W>) {
+        static_assert(sizeof(W) == 2, "bf16, f16 or fp8 weights");
+#pragma unroll
+        for (int q = 0; q < 4; ++q) hi[q] = w.e[q];
+    } else {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const float a = element<W>(w, 2 * q), b = element<W>(w, 2 * q + 1);
+            hi[q] = pack_rn(a, b);
+            const float a_hi = __uint_as_float(hi[q] << 16), b_hi = __uint_as_float(hi[q] & 0xffff0000u);
+            lo[q] = pack_rn(finite(a) ? a - a_hi : 0.0f, finite(b) ? b - b_hi : 0.0f);
+        }
+    }
+}
+
+// One k step of the tensor-core GEMMs' tiles in registers: the 16-byte words of the f32 x tile
+// [TM][TK] (rows i0.., columns l0..) and of the weight tile [TN][TK] (rows j0..) that thread
+// threadIdx.x of THREADS loads. Word r is c = threadIdx.x + r THREADS, at row c / (TK / per word),
+// column (c % (TK / per word)) per word; words outside x or the weight are zero (k is a multiple
+// of every word's elements, so a word lies wholly inside or outside).
+template <typename W, int TM, int TN, int TK, int THREADS>
+struct TileWords {
+    static constexpr int X_WORDS = TM * TK / 4 / THREADS;
+    static constexpr int PER_WORD = 16 / int(sizeof(W));
+    static constexpr int W_WORDS = TN * TK / PER_WORD / THREADS;
+    static_assert(X_WORDS * 4 * THREADS == TM * TK, "x tile in whole words per thread");
+    static_assert(W_WORDS * PER_WORD * THREADS == TN * TK, "weight tile in whole words per thread");
+    Words x[X_WORDS];
+    Words w[W_WORDS];
+
+    MW_DEV static int x_row(int r) { return int(threadIdx.x + r * THREADS) / (TK / 4); }
+    MW_DEV static int x_col(int r) { return int(threadIdx.x + r * THREADS) % (TK / 4) * 4; }
+    MW_DEV static int w_row(int r) { return int(threadIdx.x + r * THREADS) / (TK / PER_WORD); }
+    MW_DEV static int w_col(int r) { return int(threadIdx.x + r * THREADS) % (TK / PER_WORD) * PER_WORD; }
+
+    MW_DEV void load(const LinearParams& p, uint64_t i0, uint64_t j0, uint64_t l0) {
+#pragma unroll
+        for (int r = 0; r < X_WORDS; ++r) {
+            const uint64_t i = i0 + x_row(r), l = l0 + x_col(r);
+            x[r] = (i < p.m && l < p.k) ? *reinterpret_cast<const Words*>(p.x + i * p.k + l) : Words{{0, 0, 0, 0}};
+        }
+        const W* weight = reinterpret_cast<const W*>(p.weight);
+#pragma unroll
+        for (int r = 0; r < W_WORDS; ++r) {
+            const uint64_t j = j0 + w_row(r), l = l0 + w_col(r);
+            w[r] = (j < p.n && l < p.k) ? *reinterpret_cast<const Words*>(weight + j * p.k + l) : Words{{0, 0, 0, 0}};
+        }
+    }
+};
+
 // y[i][j] = v in y's dtype (round to nearest even).
 MW_DEV void store_y(const LinearParams& p, uint64_t i, uint64_t j, float v) {
     const uint64_t at = i * p.n + j;

@@ -506,6 +506,7 @@ bool run_block(Sched& s) {
         fiber_init(f);
     }
     if (s.dynamic_bytes) memset(tl_view.dynamic_shared, 0xff, s.dynamic_bytes);
+    ++tl_view.block_serial;
     for (;;) {
         order_round(s);
         if (s.order.empty()) {
@@ -672,6 +673,7 @@ std::string launch(const Kernel& k, const uint32_t grid[3], const uint32_t block
     tl_view.block_dim = dim3(block[0], block[1], block[2]);
     tl_view.grid_dim = dim3(grid[0], grid[1], grid[2]);
     tl_view.dynamic_shared = dynamic.get();
+    tl_view.dynamic_shared_bytes = dynamic_bytes;
 
     // Blocks in order (forward), in reverse order, or rotated by the seed (random).
     const uint64_t nblocks = uint64_t(grid[0]) * grid[1] * grid[2];

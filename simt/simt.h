@@ -48,6 +48,7 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #ifndef MW_WARP
 #define MW_WARP 32
@@ -149,6 +150,10 @@ struct FiberView {
     dim3 block_dim;
     dim3 grid_dim;
     unsigned char* dynamic_shared;
+    size_t dynamic_shared_bytes;
+    // Counts the blocks this OS thread has started: per-block state kept outside the fibers
+    // (the emulated wgmma's pending groups) starts afresh when it changes.
+    unsigned long long block_serial;
 };
 extern thread_local FiberView tl_view;
 
@@ -157,6 +162,8 @@ inline uint3 block_idx() { return tl_view.block_idx; }
 inline dim3 block_dim() { return tl_view.block_dim; }
 inline dim3 grid_dim() { return tl_view.grid_dim; }
 inline unsigned char* dynamic_shared() { return tl_view.dynamic_shared; }
+inline size_t dynamic_shared_bytes() { return tl_view.dynamic_shared_bytes; }
+inline unsigned long long block_serial() { return tl_view.block_serial; }
 
 // Ends the launch with an error naming the block and thread (printf-style message). Never returns.
 [[noreturn]] void fail(const char* fmt, ...) __attribute__((format(printf, 1, 2)));

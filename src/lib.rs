@@ -176,13 +176,15 @@ pub fn hip_backend(ordinal: usize) -> runtime::Result<runtime::gpu::Gpu<runtime:
     )?)?)
 }
 
-/// The GEMV choices of a device backend from the environment, for the command line and engines
-/// that do not set them: `MEMWALL_GEMV_WARP_ROWS` (1 or 4: [`Gpu::set_gemv_warp_rows`]) and
-/// `MEMWALL_GEMV_TC_ROWS` (1 to 16, or `off`: [`Gpu::set_gemv_tensor_core_rows`]). Unset keeps the
-/// defaults; a value out of range is an error naming the variable.
+/// The GEMV and GEMM choices of a device backend from the environment, for the command line and
+/// engines that do not set them: `MEMWALL_GEMV_WARP_ROWS` (1 or 4: [`Gpu::set_gemv_warp_rows`]),
+/// `MEMWALL_GEMV_TC_ROWS` (1 to 16, or `off`: [`Gpu::set_gemv_tensor_core_rows`]) and
+/// `MEMWALL_GEMM_WGMMA` (`on` or `off`: [`Gpu::set_gemm_warpgroup`]). Unset keeps the defaults; a
+/// value out of range is an error naming the variable.
 ///
 /// [`Gpu::set_gemv_warp_rows`]: runtime::gpu::Gpu::set_gemv_warp_rows
 /// [`Gpu::set_gemv_tensor_core_rows`]: runtime::gpu::Gpu::set_gemv_tensor_core_rows
+/// [`Gpu::set_gemm_warpgroup`]: runtime::gpu::Gpu::set_gemm_warpgroup
 #[cfg(any(feature = "cuda", feature = "hip"))]
 fn gemv_settings<D: runtime::gpu::Device>(g: runtime::gpu::Gpu<D>) -> runtime::Result<runtime::gpu::Gpu<D>> {
     let read = |name: &'static str| rows_setting(name, std::env::var(name).ok().as_deref());
@@ -194,7 +196,26 @@ fn gemv_settings<D: runtime::gpu::Device>(g: runtime::gpu::Gpu<D>) -> runtime::R
         g.set_gemv_tensor_core_rows(rows)
             .map_err(|e| runtime::Error::Argument { op: "MEMWALL_GEMV_TC_ROWS", msg: e.to_string() })?;
     }
+    let name = "MEMWALL_GEMM_WGMMA";
+    if let Some(on) = switch_setting(name, std::env::var(name).ok().as_deref())? {
+        g.set_gemm_warpgroup(on);
+    }
     Ok(g)
+}
+
+/// An on/off setting of the environment (`value` of variable `name`): None where unset,
+/// Some(true) for `on` or `1`, Some(false) for `off` or `0`; anything else an error naming the
+/// variable.
+#[cfg_attr(not(any(feature = "cuda", feature = "hip")), allow(dead_code))]
+fn switch_setting(name: &'static str, value: Option<&str>) -> runtime::Result<Option<bool>> {
+    match value.map(str::trim) {
+        None => Ok(None),
+        Some("on" | "1") => Ok(Some(true)),
+        Some("off" | "0") => Ok(Some(false)),
+        Some(v) => {
+            Err(runtime::Error::Argument { op: name, msg: format!("{v:?} is neither `on` nor `off`") })
+        }
+    }
 }
 
 /// A rows setting of the environment (`value` of variable `name`): None where unset, Some(None)
@@ -212,8 +233,9 @@ fn rows_setting(name: &'static str, value: Option<&str>) -> runtime::Result<Opti
 }
 
 /// The CUDA backend on device `ordinal`: an error (never a panic) where no driver or no device
-/// exists. Its GEMV choices come from the environment where set: `MEMWALL_GEMV_WARP_ROWS` (1 or
-/// 4) and `MEMWALL_GEMV_TC_ROWS` (1 to 16 or `off`; see `Gpu::set_gemv_tensor_core_rows`).
+/// exists. Its GEMV and GEMM choices come from the environment where set: `MEMWALL_GEMV_WARP_ROWS`
+/// (1 or 4), `MEMWALL_GEMV_TC_ROWS` (1 to 16 or `off`; see `Gpu::set_gemv_tensor_core_rows`) and
+/// `MEMWALL_GEMM_WGMMA` (`on` or `off`; see `Gpu::set_gemm_warpgroup`).
 #[cfg(feature = "cuda")]
 pub fn cuda_backend(ordinal: usize) -> runtime::Result<runtime::gpu::Gpu<runtime::gpu::cuda::CudaDevice>> {
     let device = runtime::gpu::cuda::CudaDevice::new(ordinal, kernels::CUDA_FATBINS, kernels::CUDA_SOURCES)?;
@@ -232,5 +254,17 @@ mod tests {
         assert_eq!(v(Some("5")).unwrap(), Some(Some(5)));
         let e = v(Some("five")).unwrap_err().to_string();
         assert!(e.contains("MEMWALL_GEMV_TC_ROWS") && e.contains("five"), "{e}");
+    }
+
+    #[test]
+    fn switch_settings_of_the_environment() {
+        let v = |s| switch_setting("MEMWALL_GEMM_WGMMA", s);
+        assert_eq!(v(None).unwrap(), None);
+        assert_eq!(v(Some("on")).unwrap(), Some(true));
+        assert_eq!(v(Some(" 1")).unwrap(), Some(true));
+        assert_eq!(v(Some("off")).unwrap(), Some(false));
+        assert_eq!(v(Some("0")).unwrap(), Some(false));
+        let e = v(Some("yes")).unwrap_err().to_string();
+        assert!(e.contains("MEMWALL_GEMM_WGMMA") && e.contains("yes"), "{e}");
     }
 }

@@ -1,8 +1,8 @@
 //! What `build.rs` compiled with nvcc (`build/nvcc.rs`): every kernel name a launcher can pick is
 //! in the fatbins, for every SASS target, and every image is a fatbin with kernels for each target.
 //! In the SASS (cuobjdump from scripts/setup.sh's pinned install): no innermost loop of any kernel
-//! touches local memory, and the e4m3fn / e5m2 GEMVs use the hardware fp8 conversion where the
-//! target has it.
+//! touches local memory, the e4m3fn / e5m2 GEMVs use the hardware fp8 conversion where the
+//! target has it, and only gemm_wg.cu's kernels use wgmma, on sm_90a alone.
 //!
 //! Where no nvcc was found at build time there is nothing to check and the test says so, unless
 //! `MEMWALL_REQUIRE_NVCC=1` (set by scripts/test.sh, which installs the pinned nvcc), which makes
@@ -254,5 +254,42 @@ fn ocp_fp8_gemv_uses_the_hardware_conversion() {
                 + GEMV_TC_ROW_TILES.len();
             assert_eq!(gemv_kernels, 2 * 3 * tiles, "{target}: OCP fp8 GEMV kernels");
         }
+    }
+}
+
+/// gemm_wg.cu's kernels run on wgmma where the fatbin has sm_90a code (HGMMA.64x128x16.F32.BF16:
+/// at least X_PARTS x W_PARTS per 16 columns of a 32-column tile, no local memory) and only trap
+/// on the other targets (the launcher sends them to sm_90 devices only); no other kernel uses
+/// wgmma.
+#[test]
+fn warpgroup_gemm_uses_wgmma_on_sm_90a() {
+    if !built() {
+        return;
+    }
+    let Some(sass) = sass() else { return };
+    for (target, kernels) in sass {
+        let mut warpgroup = 0;
+        for k in kernels {
+            let count = |prefix: &str| k.code.iter().filter(|(_, t)| mnemonic(t).starts_with(prefix)).count();
+            let hgmma = count("HGMMA");
+            if !k.kernel.starts_with("gemm_wg_") {
+                assert_eq!(hgmma, 0, "{} ({target}) uses wgmma", k.kernel);
+                continue;
+            }
+            warpgroup += 1;
+            if *target == "sm_90a" {
+                let per_tile = if k.kernel.starts_with("gemm_wg_f16") { 12 } else { 6 };
+                assert!(
+                    count("HGMMA.64x128x16.F32.BF16") == hgmma && hgmma >= per_tile,
+                    "{} ({target}): {hgmma} HGMMA, want at least {per_tile}, all m64n128k16 bf16",
+                    k.kernel
+                );
+                assert_eq!(count("LDL") + count("STL"), 0, "{} ({target}): local memory", k.kernel);
+            } else {
+                assert!(hgmma == 0 && count("BPT.TRAP") > 0, "{} ({target}): not a trap", k.kernel);
+            }
+        }
+        // 6 weight dtypes x 3 scale kinds.
+        assert_eq!(warpgroup, 18, "{target}: gemm_wg kernels");
     }
 }

@@ -655,6 +655,84 @@ fn gemv_tensor_cores<D: Device>(g: &Gpu<D>) {
     g.set_gemv_tensor_core_rows(None).expect("back to gemv.cu");
 }
 
+/// The warpgroup GEMM (`Gpu::set_gemm_warpgroup`: gemm_wg.cu, wgmma) against the reference within
+/// gemm_tc.cu's bound, where `gemm::gemm_kernel` routes it (asserted; on a device without wgmma the
+/// same cases on the kernels it keeps): every tensor-core weight dtype x scale kind at shapes with
+/// partial row tiles (of 128 rows: m = 17, 20, 130) and column tiles (of 128 features: n = 3, 19,
+/// 129, 257), k of one, several and partial 32-column tiles, 16-bit x and y; 3 x 5 blocks, which stay
+/// on gemm.cu; k = 4096 with 128 x 128 blocks (32 k-blocks of 4 tiles) and per channel; and the
+/// exact-parts cases, which fail if any bf16 part of x or of an f16 weight is dropped.
+fn gemm_warpgroup<D: Device>(g: &Gpu<D>) {
+    use memwall_runtime::gpu::ops::gemm::{gemm_kernel, has_wgmma};
+    let info = g.device().info().clone();
+    g.set_gemm_warpgroup(true);
+    assert!(g.gemm_warpgroup());
+    if !has_wgmma(&info) {
+        eprintln!("{}: no wgmma (sm_90 only): the cases run on the kernels it keeps", g.name());
+    }
+    let blocks = |c: &Case| match c.scale {
+        ScaleKind::None | ScaleKind::PerTensor => None,
+        ScaleKind::PerChannel | ScaleKind::PerChannelColumn => Some((1, c.k)),
+        ScaleKind::Block(br, bc) => Some((br, bc)),
+    };
+    let mut warpgroup_cases = 0;
+    let mut run = |c: &Case| {
+        let d = LinearDims { m: c.m, n: c.n, k: c.k };
+        let kernel = gemm_kernel(d, c.weight, blocks(c), &info, true);
+        let kept = gemm_path(d, c.weight, blocks(c), &info);
+        let want = if kept == GemmPath::TensorCore && has_wgmma(&info) { GemmPath::Warpgroup } else { kept };
+        assert_eq!(kernel, want, "{c:?}");
+        warpgroup_cases += usize::from(kernel == GemmPath::Warpgroup);
+        check_on(g, c, usize::from(kernel != GemmPath::CudaCore));
+    };
+    let mut seed = 0x3767_0001u64;
+    let shapes = [(17, 19, 128), (130, 129, 48), (20, 257, 80), (129, 3, 160)];
+    let tc_weights =
+        [DType::BF16, DType::F16, DType::F8E4M3Fn, DType::F8E4M3Fnuz, DType::F8E5M2, DType::F8E5M2Fnuz];
+    for weight in tc_weights {
+        for (scale, scale_dtype) in [
+            (ScaleKind::None, DType::F32),
+            (ScaleKind::PerTensor, DType::F32),
+            (ScaleKind::PerChannel, DType::BF16),
+            (ScaleKind::Block(128, 128), DType::BF16),
+            (ScaleKind::Block(2, 32), DType::F32),
+            (ScaleKind::Block(3, 5), DType::F32),
+        ] {
+            for (i, &(m, n, k)) in shapes.iter().enumerate() {
+                seed += 1;
+                let (x, y) = match i {
+                    1 => (DType::BF16, DType::BF16),
+                    2 => (DType::F16, DType::F16),
+                    _ => (DType::F32, DType::F32),
+                };
+                run(&Case { m, n, k, weight, scale, scale_dtype, x, y, seed });
+            }
+        }
+    }
+    for weight in [DType::BF16, DType::F8E4M3Fn, DType::F16] {
+        for scale in [ScaleKind::Block(128, 128), ScaleKind::PerChannel] {
+            seed += 1;
+            let c = Case {
+                m: 20,
+                n: 70,
+                k: 4096,
+                weight,
+                scale,
+                scale_dtype: DType::BF16,
+                x: DType::F32,
+                y: DType::F32,
+                seed,
+            };
+            run(&c);
+        }
+    }
+    if has_wgmma(&info) {
+        assert!(warpgroup_cases >= 100, "only {warpgroup_cases} cases ran on gemm_wg");
+    }
+    exact_parts_at(g, 20);
+    g.set_gemm_warpgroup(false);
+}
+
 /// x and y at 3 of 9 allocated rows: the kernels read and write only their rows.
 fn set_rows_respected<B: Backend>(b: &B) {
     let mut rng = Rng::new(0x5e7_11ea);
@@ -748,6 +826,12 @@ mod emulated {
     }
 
     #[test]
+    fn warpgroup_gemm_matches_reference() {
+        let (_, b) = gpu::emulated().swap_remove(2);
+        gemm_warpgroup(&b);
+    }
+
+    #[test]
     fn gemv_four_features_per_warp_matches_reference() {
         for (_, b) in warp_32_and_64() {
             gemv_four_features_per_warp(&b);
@@ -822,6 +906,11 @@ device_tests! {
     // On AMD it is gemv.cu throughout (no mma.sync there): the same checks.
     fn gemv_tensor_cores_match_reference(b, who) {
         gemv_tensor_cores(&b);
+    }
+
+    // Only sm_90 has wgmma: elsewhere the same cases on gemm_tc.cu / gemm.cu.
+    fn warpgroup_gemm_matches_reference(b, who) {
+        gemm_warpgroup(&b);
     }
 
     fn gate_up_silu_matches_reference(b, who) {

@@ -45,9 +45,8 @@ fn gemv_tiles() -> usize {
 
 fn launcher_kernels() -> Vec<&'static str> {
     let mut names = ops::kernel_names();
-    // gemm_tc.cu and gemv_tc.cu are in build/hip.rs's HIP_LEFT_OUT (NVIDIA mma.sync fragments; no
-    // MFMA version yet).
-    names.retain(|n| !n.starts_with("gemm_tc_") && !n.starts_with("gemv_tc_"));
+    // The files of build/hip.rs's HIP_LEFT_OUT (NVIDIA tensor-core fragments; no MFMA version yet).
+    names.retain(|n| !memwall::kernels::HIP_LEFT_OUT_PREFIXES.iter().any(|p| n.starts_with(p)));
     names
 }
 

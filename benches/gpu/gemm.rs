@@ -5,7 +5,8 @@
 //! is TFLOP/s of the product's 2mnk, never a percentage of bandwidth; the ratio is cuBLAS's time
 //! over ours. Not the same arithmetic: our tensor-core GEMM (kernels-cuda/gemm_tc.cu) splits f32 x
 //! into three bf16 parts for f32 accuracy, so it issues three bf16 products per product cuBLAS
-//! issues on bf16 x.
+//! issues on bf16 x. Where the device has wgmma (sm_90), each shape also runs on the warpgroup GEMM
+//! (kernels-cuda/gemm_wg.cu, `Gpu::set_gemm_warpgroup`; its lines end in `wg`), same arithmetic.
 //!
 //! Checked before timing, ours and cuBLAS's: twelve outputs (first, middle and last rows by four
 //! columns) against an f64 dot product, within gemm_tc.cu's bound (f32 sums of 3k exact products,
@@ -99,49 +100,75 @@ fn setup(gpu: &CudaGpu, m: usize, n: usize, k: usize) -> (Shape, Vec<f32>) {
     (s, x_host)
 }
 
+/// Each shape on gemm_tc.cu (mma.sync) and, where the device has wgmma (sm_90), on gemm_wg.cu
+/// (`Gpu::set_gemm_warpgroup`: the same contract and check), each against cuBLAS, timed once per
+/// shape.
 pub fn run(ctx: &Ctx, c: &mut Criterion, lines: &mut Vec<String>) {
     let gpu = &ctx.gpu;
     let mut group = c.benchmark_group("gpu_gemm_bf16");
     group.sampling_mode(SamplingMode::Flat);
+    use memwall::runtime::gpu::Device;
+    let wgmma = memwall::runtime::gpu::ops::gemm::has_wgmma(gpu.device().info());
     for m in ROWS {
         for (n, k) in SHAPES {
-            let label = format!("gemm bf16 {m}x{n}x{k}");
-            if ctx.out_of_time(&label, lines) {
-                continue;
-            }
-            let (mut s, x_host) = setup(gpu, m, n, k);
-            let flops = 2.0 * (m * n * k) as f64;
-            group.throughput(Throughput::Elements((2 * m * n * k) as u64));
-            let copies = s.weights.len();
-            let mut next = 0usize;
-            group.bench_function(format!("{m}x{n}x{k}"), |b| {
-                b.iter_custom(|iters| {
-                    let Shape { weights, x, y, .. } = &mut s;
-                    timed_calls(gpu, iters, copies, &mut next, |i| gpu.linear(x, &weights[i], y))
-                })
-            });
-            let per_call = {
-                let Shape { weights, x, y, .. } = &mut s;
-                best_rotation(gpu, copies, |i| gpu.linear(x, &weights[i], y))
-            };
-            let tflops = flops / per_call / 1e12;
-            let peer = match &ctx.blas {
-                Ok(blas) => {
-                    let x = gpu.upload_f32(DType::BF16, &[m, k], &x_host).expect("upload bf16 x");
-                    let mut y = gpu.alloc(DType::F32, &[m, n]).expect("allocate y");
-                    check_cublas(gpu, blas, (m, n, k), &s.weights[0].weight, &x, &x_host, &mut y);
-                    let t = best_rotation(gpu, copies, |i| {
-                        blas.gemm_bf16((m, n, k), &s.weights[i].weight, &x, &mut y)
-                    });
-                    format!("{:.2}x cuBLAS ({:.1} TFLOP/s on bf16 x)", t / per_call, flops / t / 1e12)
+            let mut blas = None;
+            for warpgroup in [false, true] {
+                if warpgroup && !wgmma {
+                    continue;
                 }
-                Err(_) => "cuBLAS unavailable".into(),
-            };
-            lines.push(format!(
-                "{:<44} {tflops:>7.1} TFLOP/s (compute-bound: FLOPs, not bytes; 3 bf16 parts of f32 x); {peer}",
-                format!("{label}:")
-            ));
+                gpu.set_gemm_warpgroup(warpgroup);
+                let label = format!("gemm bf16 {m}x{n}x{k}{}", if warpgroup { " wg" } else { "" });
+                if !ctx.out_of_time(&label, lines) {
+                    shape_line(ctx, &mut group, (m, n, k), &label, &mut blas, lines);
+                }
+            }
+            gpu.set_gemm_warpgroup(false);
         }
     }
     group.finish();
+}
+
+/// Benches `linear` at (m, n, k) on the GEMM the backend's settings pick and writes its line;
+/// `blas` is cuBLAS's time per call (None where cuBLAS is unavailable), timed on the shape's first
+/// line.
+fn shape_line(
+    ctx: &Ctx,
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    (m, n, k): (usize, usize, usize),
+    label: &str,
+    blas: &mut Option<Option<f64>>,
+    lines: &mut Vec<String>,
+) {
+    let gpu = &ctx.gpu;
+    let (mut s, x_host) = setup(gpu, m, n, k);
+    let flops = 2.0 * (m * n * k) as f64;
+    group.throughput(Throughput::Elements((2 * m * n * k) as u64));
+    let copies = s.weights.len();
+    let mut next = 0usize;
+    group.bench_function(label.trim_start_matches("gemm bf16 ").to_string(), |b| {
+        b.iter_custom(|iters| {
+            let Shape { weights, x, y, .. } = &mut s;
+            timed_calls(gpu, iters, copies, &mut next, |i| gpu.linear(x, &weights[i], y))
+        })
+    });
+    let per_call = {
+        let Shape { weights, x, y, .. } = &mut s;
+        best_rotation(gpu, copies, |i| gpu.linear(x, &weights[i], y))
+    };
+    let tflops = flops / per_call / 1e12;
+    let blas_time = *blas.get_or_insert_with(|| {
+        let blas = ctx.blas.as_ref().ok()?;
+        let x = gpu.upload_f32(DType::BF16, &[m, k], &x_host).expect("upload bf16 x");
+        let mut y = gpu.alloc(DType::F32, &[m, n]).expect("allocate y");
+        check_cublas(gpu, blas, (m, n, k), &s.weights[0].weight, &x, &x_host, &mut y);
+        Some(best_rotation(gpu, copies, |i| blas.gemm_bf16((m, n, k), &s.weights[i].weight, &x, &mut y)))
+    });
+    let peer = match blas_time {
+        Some(t) => format!("{:.2}x cuBLAS ({:.1} TFLOP/s on bf16 x)", t / per_call, flops / t / 1e12),
+        None => "cuBLAS unavailable".into(),
+    };
+    lines.push(format!(
+        "{:<44} {tflops:>7.1} TFLOP/s (compute-bound: FLOPs, not bytes; 3 bf16 parts of f32 x); {peer}",
+        format!("{label}:")
+    ));
 }

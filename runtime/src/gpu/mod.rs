@@ -204,6 +204,9 @@ pub struct Gpu<D: Device> {
     /// The fewest rows of a GEMV taken by the tensor cores; 0: never (see
     /// [`Gpu::set_gemv_tensor_core_rows`]).
     gemv_tc_rows: AtomicUsize,
+    /// Whether the GEMM takes the warpgroup tensor cores where it can (see
+    /// [`Gpu::set_gemm_warpgroup`]).
+    gemm_wg: AtomicBool,
 }
 
 /// A graph of a [`Gpu`]'s launches ([`Backend::capture`](crate::Backend::capture)), with the
@@ -238,6 +241,7 @@ impl<D: Device> Gpu<D> {
             launches: AtomicUsize::new(0),
             gemv_warp_rows: AtomicUsize::new(1),
             gemv_tc_rows: AtomicUsize::new(0),
+            gemm_wg: AtomicBool::new(false),
         })
     }
 
@@ -343,6 +347,20 @@ impl<D: Device> Gpu<D> {
     /// See [`Gpu::set_gemv_tensor_core_rows`].
     pub fn gemv_tensor_core_rows(&self) -> Option<usize> {
         Some(self.gemv_tc_rows.load(Ordering::Relaxed)).filter(|&r| r > 0)
+    }
+
+    /// Whether `linear` runs the GEMMs gemm_tc.cu would take (more than `GEMV_MAX_ROWS` rows) on
+    /// Hopper's warpgroup instruction instead: `gemm_wg_*` (kernels-cuda/gemm_wg.cu: wgmma, the
+    /// same contract and bound) on devices that have it ([`ops::gemm::has_wgmma`]: sm_90, or
+    /// the SIMT emulator, which emulates it); elsewhere the setting changes nothing. Off by
+    /// default until a measurement (`benches/gpu` runs both) shows it faster.
+    pub fn set_gemm_warpgroup(&self, on: bool) {
+        self.gemm_wg.store(on, Ordering::Relaxed);
+    }
+
+    /// See [`Gpu::set_gemm_warpgroup`].
+    pub fn gemm_warpgroup(&self) -> bool {
+        self.gemm_wg.load(Ordering::Relaxed)
     }
 
     /// Runs `f` with the device addresses of `owner`'s scratch buffers, part `i` at least

@@ -2,7 +2,8 @@
 //! GEMV does not take (more than `GEMV_MAX_ROWS` rows); [`gemm_path`] picks the kernel: the
 //! tensor-core GEMM of `kernels-cuda/gemm_tc.cu` where its preconditions and accuracy contract hold,
 //! else the CUDA-core GEMM of `kernels-cuda/gemm.cu` (f32 weights, odd k, odd block scales, GPUs
-//! before sm_80).
+//! before sm_80); [`gemm_kernel`] sends gemm_tc.cu's shapes to the wgmma GEMM of
+//! `kernels-cuda/gemm_wg.cu` on sm_90 where [`Gpu::set_gemm_warpgroup`] asks for it.
 
 use super::super::{Device, DeviceInfo, Gpu, GpuStorage, LaunchCfg, Vendor, dim};
 use super::linear::launch_linear;
@@ -22,6 +23,20 @@ pub const TC_TILE_N: usize = 64;
 pub const TC_TILE_K: usize = 32;
 pub const TC_WARPS: u32 = 4;
 
+/// `TILE_M`, `TILE_N`, `THREADS` and `TILE_K` of gemm_wg.cu (two warpgroups of 64 rows, one
+/// m64n128 accumulator set each).
+pub const WG_TILE_M: usize = 128;
+pub const WG_TILE_N: usize = 128;
+pub const WG_THREADS: u32 = 256;
+pub const WG_TILE_K: usize = 32;
+
+/// `SHARED_BYTES<W>` of gemm_wg.cu: two buffers of the weight tile's bf16 parts (two for f16
+/// weights, else one) and x's three, TILE_K columns each.
+pub fn wg_shared_bytes(weight: DType) -> u32 {
+    let parts = if weight == DType::F16 { 2 } else { 1 };
+    (2 * (parts * WG_TILE_N + 3 * WG_TILE_M) * WG_TILE_K * 2) as u32
+}
+
 /// Which GEMM kernel runs a `linear` of more than `GEMV_MAX_ROWS` rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GemmPath {
@@ -29,6 +44,9 @@ pub enum GemmPath {
     CudaCore,
     /// `gemm_tc_<w>[_block_<s>]` of gemm_tc.cu: mma.sync on bf16 parts, f32 accuracy.
     TensorCore,
+    /// `gemm_wg_<w>[_block_<s>]` of gemm_wg.cu: gemm_tc.cu's contract on wgmma (sm_90a), where
+    /// [`Gpu::set_gemm_warpgroup`] turned it on.
+    Warpgroup,
 }
 
 /// Whether the device runs mma.sync m16n8k16 on bf16: NVIDIA sm_80 and newer, or the SIMT
@@ -39,6 +57,32 @@ pub fn has_mma_bf16(info: &DeviceInfo) -> bool {
         Vendor::Nvidia => info.warp_size == 32 && info.arch >= (8, 0),
         Vendor::Simt => info.warp_size == 32,
         Vendor::Amd => false,
+    }
+}
+
+/// Whether the device runs wgmma (gemm_wg.cu): NVIDIA sm_90 (its sm_90a code; the `a` features do
+/// not carry to later architectures), or the SIMT emulator at warp 32 (wgmma.cuh emulates it).
+pub fn has_wgmma(info: &DeviceInfo) -> bool {
+    match info.vendor {
+        Vendor::Nvidia => info.warp_size == 32 && info.arch == (9, 0),
+        Vendor::Simt => info.warp_size == 32,
+        Vendor::Amd => false,
+    }
+}
+
+/// The GEMM kernel `linear` runs for `d` on `info` with the warpgroup path `warpgroup` on or off
+/// ([`Gpu::set_gemm_warpgroup`]): [`gemm_path`]'s, with gemm_tc.cu's shapes on wgmma where the
+/// device has it.
+pub fn gemm_kernel(
+    d: LinearDims,
+    weight: DType,
+    blocks: Option<(usize, usize)>,
+    info: &DeviceInfo,
+    warpgroup: bool,
+) -> GemmPath {
+    match gemm_path(d, weight, blocks, info) {
+        GemmPath::TensorCore if warpgroup && has_wgmma(info) => GemmPath::Warpgroup,
+        path => path,
     }
 }
 
@@ -108,6 +152,14 @@ pub fn gemm_tc_launch(m: usize, n: usize, info: &DeviceInfo) -> Result<LaunchCfg
     tile_grid(m, n, (TC_TILE_M, TC_TILE_N), threads, info)
 }
 
+/// The warpgroup GEMM grid: one block of two warpgroups per WG_TILE_N x WG_TILE_M tile, with
+/// its dynamic shared memory for a `weight` of this dtype.
+pub fn gemm_wg_launch(m: usize, n: usize, weight: DType, info: &DeviceInfo) -> Result<LaunchCfg> {
+    let mut cfg = tile_grid(m, n, (WG_TILE_M, WG_TILE_N), WG_THREADS, info)?;
+    cfg.shared_bytes = wg_shared_bytes(weight);
+    Ok(cfg)
+}
+
 pub(crate) fn gemm<D: Device>(
     g: &Gpu<D>,
     d: LinearDims,
@@ -116,7 +168,11 @@ pub(crate) fn gemm<D: Device>(
     y: &mut T<D>,
 ) -> Result<()> {
     let info = g.device().info();
-    match gemm_path(d, w.weight.dtype(), super::linear::scale_blocks(d, &w.scale), info) {
+    let (weight, blocks) = (w.weight.dtype(), super::linear::scale_blocks(d, &w.scale));
+    match gemm_kernel(d, weight, blocks, info, g.gemm_warpgroup()) {
+        GemmPath::Warpgroup => {
+            launch_linear(g, d, x, w, y, ("gemm_wg", None), gemm_wg_launch(d.m, d.n, weight, info)?)
+        }
         GemmPath::TensorCore => {
             launch_linear(g, d, x, w, y, ("gemm_tc", None), gemm_tc_launch(d.m, d.n, info)?)
         }
@@ -143,6 +199,38 @@ mod tests {
         assert_eq!((tc.grid, tc.block), ([224, 8, 1], [128, 1, 1]));
         assert_eq!(gemm_tc_launch(17, 70, &info).unwrap().grid, [2, 1, 1]);
         assert!(gemm_tc_launch(65536 * 64 + 1, 1, &info).is_err());
+    }
+
+    #[test]
+    fn warpgroup_only_on_sm_90_where_asked() {
+        use GemmPath::{CudaCore, TensorCore, Warpgroup};
+        let h200 = super::super::test_h200();
+        assert_eq!(h200.arch, (9, 0));
+        let d = dims(512, 14336, 4096);
+        assert_eq!(gemm_kernel(d, DType::BF16, None, &h200, true), Warpgroup);
+        assert_eq!(gemm_kernel(d, DType::F8E4M3Fn, Some((128, 128)), &h200, true), Warpgroup);
+        assert_eq!(gemm_kernel(d, DType::BF16, None, &h200, false), TensorCore);
+        // Shapes gemm_tc.cu does not take stay on gemm.cu.
+        assert_eq!(gemm_kernel(d, DType::F32, None, &h200, true), CudaCore);
+        assert_eq!(gemm_kernel(dims(64, 64, 17), DType::BF16, None, &h200, true), CudaCore);
+        assert_eq!(gemm_kernel(d, DType::BF16, Some((3, 5)), &h200, true), CudaCore);
+        // sm_90a code runs on sm_90 only: not on Ampere, Ada or Blackwell.
+        for arch in [(8, 0), (8, 9), (10, 0), (12, 0)] {
+            let other = DeviceInfo { arch, ..h200.clone() };
+            assert_eq!(gemm_kernel(d, DType::BF16, None, &other, true), TensorCore, "{arch:?}");
+        }
+        let emu = DeviceInfo { arch: (0, 0), vendor: Vendor::Simt, ..h200.clone() };
+        assert_eq!(gemm_kernel(d, DType::BF16, None, &emu, true), Warpgroup);
+        let wave64 = DeviceInfo { warp_size: 64, ..emu };
+        assert_eq!(gemm_kernel(d, DType::BF16, None, &wave64, true), CudaCore);
+        let mi300 = DeviceInfo { vendor: Vendor::Amd, arch: (9, 0), warp_size: 64, ..h200.clone() };
+        assert_eq!(gemm_kernel(d, DType::BF16, None, &mi300, true), CudaCore);
+        // Grid and shared memory: 128 x 128 tiles, two warpgroups, 64 KB (80 KB for f16).
+        let wg = gemm_wg_launch(512, 14336, DType::BF16, &h200).unwrap();
+        assert_eq!((wg.grid, wg.block, wg.shared_bytes), ([112, 4, 1], [256, 1, 1], 64 * 1024));
+        assert_eq!(gemm_wg_launch(17, 129, DType::F16, &h200).unwrap().shared_bytes, 80 * 1024);
+        assert_eq!(gemm_wg_launch(129, 1, DType::F8E4M3Fn, &h200).unwrap().grid, [1, 2, 1]);
+        assert!(gemm_wg_launch(65536 * 128 + 1, 1, DType::BF16, &h200).is_err());
     }
 
     #[test]

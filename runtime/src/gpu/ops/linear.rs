@@ -143,8 +143,9 @@ fn intern(name: String) -> &'static str {
     s
 }
 
-/// `gemv_<w>[_block_<s>]_r<rows>` (`family` "gemv"; "gate_up_silu" likewise), or `gemm_<w>[_block_<s>]` and
-/// `gemm_tc_<w>[_block_<s>]` (`family` "gemm" / "gemm_tc", `rows` None).
+/// `gemv_<w>[_block_<s>]_r<rows>` (`family` "gemv"; "gate_up_silu" likewise), or `gemm_<w>[_block_<s>]`,
+/// `gemm_tc_<w>[_block_<s>]` and `gemm_wg_<w>[_block_<s>]` (`family` "gemm" / "gemm_tc" / "gemm_wg",
+/// `rows` None).
 pub fn kernel_name(
     family: &str,
     weight: DType,
@@ -191,6 +192,7 @@ pub fn kernel_names() -> Vec<&'static str> {
             names.extend(kernel_name("gemm", w, s, None));
             if w != DType::F32 {
                 names.extend(kernel_name("gemm_tc", w, s, None));
+                names.extend(kernel_name("gemm_wg", w, s, None));
                 names.extend(GEMV_TC_ROW_TILES.iter().filter_map(|&r| kernel_name("gemv_tc", w, s, Some(r))));
             }
         }
@@ -475,14 +477,14 @@ pub(crate) fn launch_linear<D: Device>(
     let y_dtype = y_code(y.dtype());
     let w_addr = addr::<D>(&w.weight);
     with_f32_x(g, d, x, |x_addr| {
-        if family == "gemm_tc" {
+        if family == "gemm_tc" || family == "gemm_wg" {
             words_aligned("tensor-core GEMM", x_addr, w_addr)?;
         }
         let p = LinearParams::new(d, x_addr, w_addr, ws, (y_addr, y_dtype));
         // SAFETY: `check_linear` and `check_float_weight` checked x [m, k] (f32 here), the weight
         // [n, k] of the kernel's dtype, its scales' shape and dtype, and y [m, n] of y_dtype; both
         // kernels bound every element they touch by m, n and k, so each access is inside its
-        // buffer (gemm_tc: in 16-byte words, whole because `gemm_path` only picks it where k is a
+        // buffer (gemm_tc, gemm_wg: in 16-byte words, whole because `gemm_path` only picks them where k is a
         // multiple of a word's elements, and aligned as checked above); y is borrowed mutably.
         unsafe { g.launch(name, cfg, &p) }
     })
