@@ -72,8 +72,7 @@ constexpr int MMA_M = 16, MMA_N = 8, MMA_K = 16;
 constexpr int FRAG_M = WARP_M / MMA_M;
 constexpr int FRAG_N = WARP_N / MMA_N;
 constexpr int X_PARTS = 3;
-constexpr int CHUNK = 8;  // bf16 per 16-byte chunk of a shared row
-static_assert(TILE_K == 4 * CHUNK, "the swizzle permutes the 4 chunks of a row");
+static_assert(TILE_K == SWIZZLE_COLS, "shared tiles of linear.cuh's swizzled32 layout");
 static_assert(FRAG_N % 2 == 0, "one ldmatrix_x4 yields two n8 B fragments");
 
 template <typename W>
@@ -82,29 +81,16 @@ using Staged = TileWords<W, TILE_M, TILE_N, TILE_K, THREADS>;
 template <typename W>
 constexpr int W_PARTS = IS_F16<W> ? 2 : 1;
 
-// The element offset of (row, col) in a swizzled [rows][TILE_K] shared tile.
-MW_DEV int swizzled(int row, int col) {
-    return row * TILE_K + (((col / CHUNK) ^ ((row / 2) % 4)) * CHUNK) + col % CHUNK;
-}
-
 // Splits / widens the staged words into shared tiles x_smem[part], w_smem[part].
 template <typename W>
 MW_DEV void store_tile(const Staged<W>& s, bf16 (*x_smem)[TILE_M * TILE_K], bf16 (*w_smem)[TILE_N * TILE_K]) {
 #pragma unroll
     for (int r = 0; r < Staged<W>::X_WORDS; ++r) {
-        const int row = Staged<W>::x_row(r), col = Staged<W>::x_col(r);
+        const int at = swizzled32(Staged<W>::x_row(r), Staged<W>::x_col(r));  // 4 columns in one chunk
+        Pair parts[X_PARTS];
+        split_x4(s.x[r], parts);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const float x = __uint_as_float(s.x[r].e[e]);
-            const bf16 hi = mw::from_f32<bf16>(x);
-            const float rest = finite(mw::to_f32(hi)) ? x - mw::to_f32(hi) : 0.0f;
-            const bf16 mid = mw::from_f32<bf16>(rest);
-            const bf16 lo = mw::from_f32<bf16>(rest - mw::to_f32(mid));
-            const int at = swizzled(row, col + e);
-            x_smem[0][at] = hi;
-            x_smem[1][at] = mid;
-            x_smem[2][at] = lo;
-        }
+        for (int q = 0; q < X_PARTS; ++q) *reinterpret_cast<Pair*>(x_smem[q] + at) = parts[q];
     }
 #pragma unroll
     for (int r = 0; r < Staged<W>::W_WORDS; ++r) {
@@ -113,7 +99,7 @@ MW_DEV void store_tile(const Staged<W>& s, bf16 (*x_smem)[TILE_M * TILE_K], bf16
         for (int e = 0; e < Staged<W>::PER_WORD; ++e) {
             const float w = element<W>(s.w[r], e);
             const bf16 hi = mw::from_f32<bf16>(w);  // exact unless W is f16
-            const int at = swizzled(row, col + e);
+            const int at = swizzled32(row, col + e);
             w_smem[0][at] = hi;
             if constexpr (W_PARTS<W> == 2) {
                 w_smem[1][at] = mw::from_f32<bf16>(finite(w) ? w - mw::to_f32(hi) : 0.0f);
@@ -135,7 +121,7 @@ MW_DEV void mma_tile(const bf16 (*x_smem)[TILE_M * TILE_K], const bf16 (*w_smem)
 #pragma unroll
             for (int mt = 0; mt < FRAG_M; ++mt) {
                 const int row = wm * WARP_M + mt * MMA_M + lane % 16, col = kk + 8 * (lane / 16);
-                mw::ldmatrix_x4(a_reg[q][mt], &x_smem[q][swizzled(row, col)]);
+                mw::ldmatrix_x4(a_reg[q][mt], &x_smem[q][swizzled32(row, col)]);
             }
         uint32_t b_reg[W_PARTS][FRAG_N][2];
 #pragma unroll
@@ -146,7 +132,7 @@ MW_DEV void mma_tile(const bf16 (*x_smem)[TILE_M * TILE_K], const bf16 (*w_smem)
                 const int row = wn * WARP_N + np * 2 * MMA_N + lane % 8 + 8 * (lane / 16);
                 const int col = kk + 8 * ((lane / 8) % 2);
                 uint32_t r[4];
-                mw::ldmatrix_x4(r, &w_smem[q][swizzled(row, col)]);
+                mw::ldmatrix_x4(r, &w_smem[q][swizzled32(row, col)]);
                 b_reg[q][2 * np][0] = r[0];
                 b_reg[q][2 * np][1] = r[1];
                 b_reg[q][2 * np + 1][0] = r[2];

@@ -14,8 +14,9 @@
 // ...): two warpgroups, each 64 rows of x by all TILE_N features, one m64n128k16 accumulator set
 // (64 f32 per thread). Per TILE_K step every thread loads its 16-byte words of the next x and
 // weight tiles into registers (TileWords of linear.cuh), the warps load their A fragments (the x
-// parts, ldmatrix_x4 from gemm_tc.cu's swizzled [row][TILE_K] tiles) and issue X_PARTS x W_PARTS
-// wgmmas per 16 columns against the weight parts in shared memory; while those run, the threads
+// parts, ldmatrix_x4 from swizzled [row][TILE_K] tiles as gemm_tc.cu's: linear.cuh's swizzled32)
+// and issue X_PARTS x W_PARTS wgmmas per 16 columns against the weight parts in shared memory;
+// while those run, the threads
 // split / widen the staged words into the other buffer, fence them for the async proxy, wait for
 // the wgmmas, and meet at the barrier. Weight tiles are in wgmma's no-swizzle K-major layout
 // (wgmma.cuh): 8 x 8 core matrices of 128 bytes, the TILE_K / 8 of each 8 rows side by side, so
@@ -49,8 +50,8 @@ constexpr int TILE_M = 64 * WARPGROUPS;
 constexpr int TILE_N = mw::WGMMA_N;
 constexpr int TILE_K = 32;
 constexpr int X_PARTS = 3;
-constexpr int CHUNK = 8;  // bf16 per 16-byte chunk of a shared row, and per core-matrix row
-static_assert(TILE_K == 4 * CHUNK, "the x swizzle permutes the 4 chunks of a row");
+constexpr int CHUNK = 8;  // bf16 per core-matrix row (16 bytes)
+static_assert(TILE_K == SWIZZLE_COLS, "x tiles of linear.cuh's swizzled32 layout");
 
 template <typename W>
 using Staged = TileWords<W, TILE_M, TILE_N, TILE_K, THREADS>;
@@ -66,32 +67,15 @@ MW_DEV int core_at(int row, int col) {
     return (row / 8 * (TILE_K / CHUNK) + col / CHUNK) * (8 * CHUNK) + row % 8 * CHUNK + col % CHUNK;
 }
 
-// The element offset of (row, col) in a swizzled [TILE_M][TILE_K] x tile (gemm_tc.cu's: the
-// 16-byte chunks of each row XOR-swizzled by (row / 2) % 4, so an ldmatrix phase's eight rows lie
-// in distinct banks).
-MW_DEV int swizzled(int row, int col) {
-    return row * TILE_K + (((col / CHUNK) ^ ((row / 2) % 4)) * CHUNK) + col % CHUNK;
-}
-
-struct alignas(8) Pair {
-    uint32_t e[2];
-};
-
 // Splits / widens the staged words into the x tiles x_smem + part TILE_M TILE_K and the weight
 // tiles w_smem + part TILE_N TILE_K, then fences the stores for the tensor cores' reads.
 template <typename W>
 MW_DEV void store_tile(const Staged<W>& s, bf16* x_smem, bf16* w_smem) {
 #pragma unroll
     for (int r = 0; r < Staged<W>::X_WORDS; ++r) {
-        const int at = swizzled(Staged<W>::x_row(r), Staged<W>::x_col(r));  // 4 columns in one chunk
+        const int at = swizzled32(Staged<W>::x_row(r), Staged<W>::x_col(r));  // 4 columns in one chunk
         Pair parts[X_PARTS];
-#pragma unroll
-        for (int e = 0; e < 4; e += 2) {
-            uint32_t pair[X_PARTS];
-            split_x2(__uint_as_float(s.x[r].e[e]), __uint_as_float(s.x[r].e[e + 1]), pair);
-#pragma unroll
-            for (int q = 0; q < X_PARTS; ++q) parts[q].e[e / 2] = pair[q];
-        }
+        split_x4(s.x[r], parts);
 #pragma unroll
         for (int q = 0; q < X_PARTS; ++q) *reinterpret_cast<Pair*>(x_smem + q * TILE_M * TILE_K + at) = parts[q];
     }
@@ -123,7 +107,7 @@ MW_DEV void issue_tile(const bf16* x_smem, const bf16* w_smem, int warp_row, boo
     for (int kk = 0; kk < TILE_K / 16; ++kk)
 #pragma unroll
         for (int q = 0; q < X_PARTS; ++q)
-            mw::ldmatrix_x4(a[kk][q], x_smem + q * TILE_M * TILE_K + swizzled(warp_row + lane % 16, 16 * kk + 8 * (lane / 16)));
+            mw::ldmatrix_x4(a[kk][q], x_smem + q * TILE_M * TILE_K + swizzled32(warp_row + lane % 16, 16 * kk + 8 * (lane / 16)));
     mw::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < TILE_K / 16; ++kk)

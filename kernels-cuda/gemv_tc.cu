@@ -150,10 +150,6 @@ MW_DEV void load_x(const LinearParams& p, uint64_t l0, XStage<R>& s) {
     }
 }
 
-struct alignas(8) Pair {
-    uint32_t e[2];
-};
-
 // Splits the staged words into the three bf16 parts of a shared buffer [part][R][ROW]:
 // h = bf16(x), m = bf16(x - h), l = bf16(x - h - m) (gemm_tc.cu: within 2^-24 |x|).
 template <typename W, int R>
@@ -163,13 +159,7 @@ MW_DEV void store_x(const XStage<R>& s, bf16* xs) {
     for (int r = 0; r < XStage<R>::WORDS; ++r) {
         const int c = threadIdx.x + r * THREADS, row = c / (TILE_K / 4), col = (c % (TILE_K / 4)) * 4;
         Pair parts[X_PARTS];
-#pragma unroll
-        for (int e = 0; e < 4; e += 2) {
-            uint32_t pair[X_PARTS];
-            split_x2(__uint_as_float(s.x[r].e[e]), __uint_as_float(s.x[r].e[e + 1]), pair);
-#pragma unroll
-            for (int q = 0; q < X_PARTS; ++q) parts[q].e[e / 2] = pair[q];
-        }
+        split_x4(s.x[r], parts);
 #pragma unroll
         for (int q = 0; q < X_PARTS; ++q) *reinterpret_cast<Pair*>(xs + (q * R + row) * ROW + col) = parts[q];
     }

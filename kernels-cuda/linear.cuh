@@ -150,6 +150,29 @@ constexpr bool IS_F16 = false;
 template <>
 constexpr bool IS_F16<f16> = true;
 
+// The tensor-core GEMMs' shared tiles of SWIZZLE_COLS bf16 columns (gemm_tc.cu, gemm_wg.cu): the
+// element offset of (row, col) in a [rows][32] tile whose four 16-byte chunks per row are
+// XOR-swizzled by (row / 2) % 4, so the eight 16-byte rows an ldmatrix phase reads lie in
+// distinct banks; four columns from a multiple of 4 stay adjacent.
+constexpr int SWIZZLE_COLS = 32;
+MW_DEV int swizzled32(int row, int col) { return row * 32 + (((col / 8) ^ ((row / 2) % 4)) * 8) + col % 8; }
+
+// Two bf16x2 registers, stored as one 8-byte access.
+struct alignas(8) Pair {
+    uint32_t e[2];
+};
+
+// split_x2 of the four f32 of a 16-byte word of x: parts[q] holds part q of the four, in order.
+MW_DEV void split_x4(const Words& x, Pair (&parts)[3]) {
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+        uint32_t pair[3];
+        split_x2(__uint_as_float(x.e[e]), __uint_as_float(x.e[e + 1]), pair);
+#pragma unroll
+        for (int q = 0; q < 3; ++q) parts[q].e[e / 2] = pair[q];
+    }
+}
+
 // Elements 8 half .. 8 half + 7 of 16 bytes of W (half < 16 / sizeof(W) / 8) as four bf16x2,
 // exactly: hi, and for f16 also lo = w - hi (every fp8 and bf16 value is a bf16; an f16 is the sum
 // of two, gemm_tc.cu).

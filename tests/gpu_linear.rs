@@ -119,17 +119,22 @@ fn case(rows: Vec<usize>) -> impl Strategy<Value = Case> {
         })
 }
 
+/// (block_rows, block_cols) of case `c`'s block or per-channel scale; None for unscaled or
+/// per-tensor (the launchers' `scale_blocks`).
+fn blocks(c: &Case) -> Option<(usize, usize)> {
+    match c.scale {
+        ScaleKind::None | ScaleKind::PerTensor => None,
+        ScaleKind::PerChannel | ScaleKind::PerChannelColumn => Some((1, c.k)),
+        ScaleKind::Block(br, bc) => Some((br, bc)),
+    }
+}
+
 /// The GEMM `linear` takes for case `c` on an mma-capable device (the emulator and sm_80+, the only
 /// devices these suites run on; elsewhere the CUDA-core GEMM runs, whose bound is the smaller).
 fn path(c: &Case) -> Option<GemmPath> {
     if c.m <= 16 {
         return None;
     }
-    let blocks = match c.scale {
-        ScaleKind::None | ScaleKind::PerTensor => None,
-        ScaleKind::PerChannel | ScaleKind::PerChannelColumn => Some((1, c.k)),
-        ScaleKind::Block(br, bc) => Some((br, bc)),
-    };
     let mma = DeviceInfo {
         name: "sm_80".into(),
         vendor: Vendor::Nvidia,
@@ -141,7 +146,7 @@ fn path(c: &Case) -> Option<GemmPath> {
         max_grid: [i32::MAX as u32, 65535, 65535],
         total_memory: 40 << 30,
     };
-    Some(gemm_path(LinearDims { m: c.m, n: c.n, k: c.k }, c.weight, blocks, &mma))
+    Some(gemm_path(LinearDims { m: c.m, n: c.n, k: c.k }, c.weight, blocks(c), &mma))
 }
 
 /// gamma'(n) for f32 sums whose unit error is 2^-23 (truncation), as the tensor cores' bound assumes.
@@ -598,11 +603,6 @@ fn gemv_tensor_cores<D: Device>(g: &Gpu<D>) {
     g.set_gemv_tensor_core_rows(Some(1)).expect("every GEMV on tensor cores");
     assert_eq!(g.gemv_tensor_core_rows(), Some(1));
     let info = g.device().info().clone();
-    let blocks = |c: &Case| match c.scale {
-        ScaleKind::None | ScaleKind::PerTensor => None,
-        ScaleKind::PerChannel | ScaleKind::PerChannelColumn => Some((1, c.k)),
-        ScaleKind::Block(br, bc) => Some((br, bc)),
-    };
     let mut split_cases = 0;
     let mut run = |c: &Case| {
         let d = LinearDims { m: c.m, n: c.n, k: c.k };
@@ -670,11 +670,6 @@ fn gemm_warpgroup<D: Device>(g: &Gpu<D>) {
     if !has_wgmma(&info) {
         eprintln!("{}: no wgmma (sm_90 only): the cases run on the kernels it keeps", g.name());
     }
-    let blocks = |c: &Case| match c.scale {
-        ScaleKind::None | ScaleKind::PerTensor => None,
-        ScaleKind::PerChannel | ScaleKind::PerChannelColumn => Some((1, c.k)),
-        ScaleKind::Block(br, bc) => Some((br, bc)),
-    };
     let mut warpgroup_cases = 0;
     let mut run = |c: &Case| {
         let d = LinearDims { m: c.m, n: c.n, k: c.k };
