@@ -205,6 +205,22 @@ MW_DEV void mma_step(const bf16* xs, int col, const StepWords& w, float (&sums)[
     }
 }
 
+// f(i, j, acc[mt][h][e]) for each of the lane's sums inside y: feature j = j0 + 16 mt + g +
+// 8 (e / 2), token i = 8 h + 2 t + e % 2 (the mma's C fragments, features as rows).
+template <int H, typename F>
+MW_DEV void for_each_sum(const LinearParams& p, uint64_t j0, const float (&acc)[TILES][H][4], F&& f) {
+    const int lane = threadIdx.x % MW_WARP, g = lane >> 2, t = lane % 4;
+#pragma unroll
+    for (int mt = 0; mt < TILES; ++mt)
+#pragma unroll
+        for (int h = 0; h < H; ++h)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const uint64_t i = 8 * h + 2 * t + e % 2, j = j0 + mt * 16 + g + 8 * (e / 2);
+                if (i < p.m && j < p.n) f(i, j, acc[mt][h][e]);
+            }
+}
+
 template <typename W, typename Scale, int R>
 MW_DEV void gemv_tc(const GemvTcParams& q) {
     using T = Traits<W>;
@@ -212,7 +228,7 @@ MW_DEV void gemv_tc(const GemvTcParams& q) {
     const LinearParams& p = q.lin;
     __shared__ __align__(16) bf16 xs[2][X_PARTS * R * T::ROW];
     __shared__ bool last_smem;
-    const int lane = threadIdx.x % MW_WARP, warp = threadIdx.x / MW_WARP, g = lane >> 2, t = lane % 4;
+    const int lane = threadIdx.x % MW_WARP, warp = threadIdx.x / MW_WARP, g = lane >> 2;
     const uint64_t j0 = uint64_t(blockIdx.x) * FEATURES + warp * (TILES * 16);
     const uint64_t l_begin = uint64_t(blockIdx.y) * q.split_cols;
     const uint64_t l_end = p.k < l_begin + q.split_cols ? p.k : l_begin + q.split_cols;
@@ -292,29 +308,14 @@ MW_DEV void gemv_tc(const GemvTcParams& q) {
         __syncthreads();
     }
 
-    // acc[mt][h][e]: feature j0 + 16 mt + g + 8 (e / 2), token 8 h + 2 t + e % 2.
     const float scale = Scale::BLOCKS ? 1.0f : p.scale;
     if (q.splits <= 1) {
-#pragma unroll
-        for (int mt = 0; mt < TILES; ++mt)
-#pragma unroll
-            for (int h = 0; h < H; ++h)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const uint64_t i = 8 * h + 2 * t + e % 2, j = j0 + mt * 16 + g + 8 * (e / 2);
-                    if (i < p.m && j < p.n) store_y(p, i, j, acc[mt][h][e] * scale);
-                }
+        for_each_sum(p, j0, acc, [&](uint64_t i, uint64_t j, float v) { store_y(p, i, j, v * scale); });
         return;
     }
-#pragma unroll
-    for (int mt = 0; mt < TILES; ++mt)
-#pragma unroll
-        for (int h = 0; h < H; ++h)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const uint64_t i = 8 * h + 2 * t + e % 2, j = j0 + mt * 16 + g + 8 * (e / 2);
-                if (i < p.m && j < p.n) q.partials[(uint64_t(blockIdx.y) * p.m + i) * p.n + j] = acc[mt][h][e];
-            }
+    for_each_sum(p, j0, acc, [&](uint64_t i, uint64_t j, float v) {
+        q.partials[(uint64_t(blockIdx.y) * p.m + i) * p.n + j] = v;
+    });
     // The last block of these features to arrive adds the splits in order.
     __threadfence();
     __syncthreads();
@@ -322,18 +323,11 @@ MW_DEV void gemv_tc(const GemvTcParams& q) {
     __syncthreads();
     if (!last_smem) return;
     __threadfence();
-#pragma unroll
-    for (int mt = 0; mt < TILES; ++mt)
-#pragma unroll
-        for (int h = 0; h < H; ++h)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const uint64_t i = 8 * h + 2 * t + e % 2, j = j0 + mt * 16 + g + 8 * (e / 2);
-                if (i >= p.m || j >= p.n) continue;
-                float v = 0.0f;
-                for (uint32_t s = 0; s < q.splits; ++s) v += __ldcg(q.partials + (uint64_t(s) * p.m + i) * p.n + j);
-                store_y(p, i, j, v * scale);
-            }
+    for_each_sum(p, j0, acc, [&](uint64_t i, uint64_t j, float) {
+        float v = 0.0f;
+        for (uint32_t s = 0; s < q.splits; ++s) v += __ldcg(q.partials + (uint64_t(s) * p.m + i) * p.n + j);
+        store_y(p, i, j, v * scale);
+    });
     if (threadIdx.x == 0) atomicExch(q.arrivals + blockIdx.x, 0u);  // ready for the next launch
 }
 
