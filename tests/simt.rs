@@ -784,7 +784,7 @@ fn launches_after_a_fault_still_work() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Tensor cores (kernels-cuda/mma.cuh, selftest_mma.cu): warp 32 only
+// Tensor cores (kernels-cuda/mma.cuh, selftest_mma.cu; wgmma.cuh, selftest_wgmma.cu): warp 32 only
 
 fn cuda_devices() -> Vec<(String, EmuDevice)> {
     devices().into_iter().filter(|(_, d)| d.image().label == "cuda").collect()
@@ -874,6 +874,48 @@ fn mma_needs_the_whole_warp() {
         &case,
         &["ldmatrix needs all 32 lanes"],
     );
+}
+
+/// `selftest_wgmma_bf16`'s input: A (64x16), B (16x128) and C (64x128) of small random integers,
+/// so every product and sum is exact and the result compares bit for bit.
+fn wgmma_input() -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let mut rng = Rng::new(0x3767);
+    let mut ints = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.range(0, 17) as f32 - 8.0).collect() };
+    (ints(64 * 16), ints(16 * 128), ints(64 * 128))
+}
+
+#[test]
+fn wgmma_follows_the_fragment_and_descriptor_layouts() {
+    let (a, b, c) = wgmma_input();
+    let input = [a.clone(), b.clone(), c.clone()].concat();
+    for (label, dev) in cuda_devices() {
+        for accumulate in [1, 0] {
+            let case = Case {
+                out: vec![POISON; 64 * 128],
+                input: input.clone(),
+                width: accumulate,
+                ..Case::default()
+            };
+            let got = run(&dev, &label, "selftest_wgmma_bf16", LaunchCfg::linear(1, 128, 4096), &case);
+            let want = product(&a, &b, (accumulate != 0).then_some(&c[..]), 64, 128);
+            assert_same_f32(&format!("{label} wgmma accumulate {accumulate}"), &got.out, &want);
+        }
+    }
+}
+
+#[test]
+fn wgmma_hazards_and_unemulated_descriptors_are_errors() {
+    let (a, b, c) = wgmma_input();
+    let input = [a, b, c].concat();
+    let cfg = LaunchCfg::linear(1, 128, 4096);
+    for (arg, wanted) in [
+        (1, "was written before the group completed"),
+        (2, "swizzle"),
+        (3, "not in the block's dynamic shared memory"),
+    ] {
+        let case = Case { out: vec![0.0; 64 * 128], input: input.clone(), width: 1, arg, ..Case::default() };
+        expect_error("selftest_wgmma_bf16", cfg, &case, &[wanted]);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
