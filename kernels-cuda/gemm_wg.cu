@@ -171,17 +171,23 @@ MW_DEV void gemm_wg(const LinearParams& p) {
         if constexpr (Scale::BLOCKS) {
             mw::wgmma_fence_operand(part);
             if (block_end) {
-                // The k-block ends: acc += part * its scale, column by column.
-                const uint64_t l = tile * TILE_K;
+                // The k-block ends: acc += part * its scale, column by column. The lane's columns
+                // j0 + 2 tq + e + 8 c walk the block rows by a cursor: four divisions per fold,
+                // not three per column.
+                const uint32_t grid_cols = Scale::grid_cols(p), block_col = uint32_t(tile * TILE_K) / p.block_cols;
 #pragma unroll
-                for (int c = 0; c < TILE_N / 8; ++c)
+                for (int e = 0; e < 2; ++e) {
+                    ChunkColumns rows(uint32_t(j0) + 2 * tq + e, p.block_rows, 8);
 #pragma unroll
-                    for (int e = 0; e < 2; ++e) {
+                    for (int c = 0; c < TILE_N / 8; ++c) {
                         const uint64_t j = j0 + 8 * c + 2 * tq + e;
-                        const float s = j < p.n ? Scale::at(p, j, l) : 0.0f;
+                        const void* row = Scale::block_row(p.scales, rows.col, grid_cols);
+                        const float s = j < p.n ? Scale::in_row(row, block_col) : 0.0f;
                         acc[4 * c + e] += part[4 * c + e] * s;
                         acc[4 * c + 2 + e] += part[4 * c + 2 + e] * s;
+                        rows.advance();
                     }
+                }
             }
         } else {
             mw::wgmma_fence_operand(acc);

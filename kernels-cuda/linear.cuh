@@ -70,9 +70,16 @@ struct Blocks {
     // check n, k < 2^32 for block scales (a 64-bit division is a call to a routine, and ptxas
     // spilled around it).
     MW_DEV static const void* row(const LinearParams& p, const void* scales, uint64_t j) {
+        return block_row(scales, uint32_t(j) / p.block_rows, grid_cols(p));
+    }
+    // Block columns per block row, ceil(k / block_cols).
+    MW_DEV static uint32_t grid_cols(const LinearParams& p) {
         const uint32_t k = uint32_t(p.k);
-        const uint32_t grid_cols = k / p.block_cols + (k % p.block_cols != 0);
-        return reinterpret_cast<const S*>(scales) + uint64_t(uint32_t(j) / p.block_rows) * grid_cols;
+        return k / p.block_cols + (k % p.block_cols != 0);
+    }
+    // Block row r's run of scales in a grid of `grid_cols` columns over `scales`.
+    MW_DEV static const void* block_row(const void* scales, uint32_t r, uint32_t grid_cols) {
+        return reinterpret_cast<const S*>(scales) + uint64_t(r) * grid_cols;
     }
     // The scale of block column `col` of a row's run.
     MW_DEV static float in_row(const void* row, uint32_t col) {

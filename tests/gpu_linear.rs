@@ -659,8 +659,9 @@ fn gemv_tensor_cores<D: Device>(g: &Gpu<D>) {
 /// gemm_tc.cu's bound, where `gemm::gemm_kernel` routes it (asserted; on a device without wgmma the
 /// same cases on the kernels it keeps): every tensor-core weight dtype x scale kind at shapes with
 /// partial row tiles (of 128 rows: m = 17, 20, 130) and column tiles (of 128 features: n = 3, 19,
-/// 129, 257), k of one, several and partial 32-column tiles, 16-bit x and y; 3 x 5 blocks, which stay
-/// on gemm.cu; k = 4096 with 128 x 128 blocks (32 k-blocks of 4 tiles) and per channel; and the
+/// 129, 257), k of one, several and partial 32-column tiles, 16-bit x and y; block rows of 1, 2,
+/// 5 and 128 (the fold's cursor over the lane's columns 8 apart) and columns of one, two and four
+/// tiles; 3 x 5 blocks, which stay on gemm.cu; k = 4096 with 128 x 128 blocks (32 k-blocks of 4 tiles) and per channel; and the
 /// exact-parts cases, which fail if any bf16 part of x or of an f16 weight is dropped.
 fn gemm_warpgroup<D: Device>(g: &Gpu<D>) {
     use memwall_runtime::gpu::ops::gemm::{gemm_kernel, has_wgmma};
@@ -691,6 +692,7 @@ fn gemm_warpgroup<D: Device>(g: &Gpu<D>) {
             (ScaleKind::PerChannel, DType::BF16),
             (ScaleKind::Block(128, 128), DType::BF16),
             (ScaleKind::Block(2, 32), DType::F32),
+            (ScaleKind::Block(5, 64), DType::BF16),
             (ScaleKind::Block(3, 5), DType::F32),
         ] {
             for (i, &(m, n, k)) in shapes.iter().enumerate() {
