@@ -651,7 +651,7 @@ mod tests {
             kernel_name("gate_up_silu", DType::F8E4M3Fnuz, Some(DType::F32), Some(4)),
             Some("gate_up_silu_e4m3fnuz_block_f32_r4")
         );
-        assert_eq!(kernel_names().len(), 2 + 7 * 3 * (3 + 2 + 1 + 1 + 1) + 6 * 3 * (1 + 2));
+        assert_eq!(kernel_names().len(), 2 + 7 * 3 * (3 + 2 + 1 + 1 + 1) + 6 * 3 * (1 + 2 + 1));
         assert_eq!(
             kernel_name("gemv_j4", DType::BF16, Some(DType::F32), Some(4)),
             Some("gemv_j4_bf16_block_f32_r4")
