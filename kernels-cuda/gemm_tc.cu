@@ -224,9 +224,4 @@ MW_DEV void gemm_tc(const LinearParams& p) {
     MW_KERNEL_BOUNDS(gemm_tc_##wname##sname, LinearParams, mw_gemm_tc::THREADS) {                     \
         mw_gemm_tc::gemm_tc<W, Scale>(p);                                                            \
     }
-#define MW_GEMM_TC_PLAIN(wname, W, _) MW_GEMM_TC(wname, W, mw_linear::NoBlocks, )
-#define MW_GEMM_TC_BLOCK_F32(wname, W, _) MW_GEMM_TC(wname, W, mw_linear::Blocks<float>, _block_f32)
-#define MW_GEMM_TC_BLOCK_BF16(wname, W, _) MW_GEMM_TC(wname, W, mw_linear::Blocks<bf16>, _block_bf16)
-MW_LINEAR_FOR_EACH_TC_WEIGHT(MW_GEMM_TC_PLAIN)
-MW_LINEAR_FOR_EACH_TC_WEIGHT(MW_GEMM_TC_BLOCK_F32)
-MW_LINEAR_FOR_EACH_TC_WEIGHT(MW_GEMM_TC_BLOCK_BF16)
+MW_LINEAR_FOR_EACH_TC_KERNEL(MW_GEMM_TC)

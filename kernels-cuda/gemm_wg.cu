@@ -209,9 +209,4 @@ MW_DEV void gemm_wg(const LinearParams& p) {
     MW_KERNEL_BOUNDS(gemm_wg_##wname##sname, LinearParams, mw_gemm_wg::THREADS) {                     \
         mw_gemm_wg::gemm_wg<W, Scale>(p);                                                            \
     }
-#define MW_GEMM_WG_PLAIN(wname, W, _) MW_GEMM_WG(wname, W, mw_linear::NoBlocks, )
-#define MW_GEMM_WG_BLOCK_F32(wname, W, _) MW_GEMM_WG(wname, W, mw_linear::Blocks<float>, _block_f32)
-#define MW_GEMM_WG_BLOCK_BF16(wname, W, _) MW_GEMM_WG(wname, W, mw_linear::Blocks<bf16>, _block_bf16)
-MW_LINEAR_FOR_EACH_TC_WEIGHT(MW_GEMM_WG_PLAIN)
-MW_LINEAR_FOR_EACH_TC_WEIGHT(MW_GEMM_WG_BLOCK_F32)
-MW_LINEAR_FOR_EACH_TC_WEIGHT(MW_GEMM_WG_BLOCK_BF16)
+MW_LINEAR_FOR_EACH_TC_KERNEL(MW_GEMM_WG)

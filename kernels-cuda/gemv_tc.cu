@@ -348,9 +348,4 @@ MW_DEV void gemv_tc(const GemvTcParams& q) {
 #define MW_GEMV_TC_TILES(wname, W, Scale, sname)                                                     \
     MW_GEMV_TC(wname, W, Scale, sname, 8)                                                            \
     MW_GEMV_TC(wname, W, Scale, sname, 16)
-#define MW_GEMV_TC_PLAIN(wname, W, _) MW_GEMV_TC_TILES(wname, W, mw_linear::NoBlocks, )
-#define MW_GEMV_TC_BLOCK_F32(wname, W, _) MW_GEMV_TC_TILES(wname, W, mw_linear::Blocks<float>, _block_f32)
-#define MW_GEMV_TC_BLOCK_BF16(wname, W, _) MW_GEMV_TC_TILES(wname, W, mw_linear::Blocks<bf16>, _block_bf16)
-MW_LINEAR_FOR_EACH_TC_WEIGHT(MW_GEMV_TC_PLAIN)
-MW_LINEAR_FOR_EACH_TC_WEIGHT(MW_GEMV_TC_BLOCK_F32)
-MW_LINEAR_FOR_EACH_TC_WEIGHT(MW_GEMV_TC_BLOCK_BF16)
+MW_LINEAR_FOR_EACH_TC_KERNEL(MW_GEMV_TC_TILES)

@@ -267,12 +267,17 @@ MW_DEV void store_y(const LinearParams& p, uint64_t i, uint64_t j, float v) {
     INSTANTIATE(e5m2, e5m2, KIND)                                                                    \
     INSTANTIATE(e5m2fnuz, e5m2fnuz, KIND)
 
-// The weight dtypes of the tensor-core kernels (gemm_tc.cu, gemv_tc.cu): every float type but f32,
-// INSTANTIATE(suffix, W, unused).
-#define MW_LINEAR_FOR_EACH_TC_WEIGHT(INSTANTIATE)                                                    \
-    INSTANTIATE(f16, f16, )                                                                          \
-    INSTANTIATE(bf16, bf16, )                                                                        \
-    INSTANTIATE(e4m3fn, e4m3fn, )                                                                    \
-    INSTANTIATE(e4m3fnuz, e4m3fnuz, )                                                                \
-    INSTANTIATE(e5m2, e5m2, )                                                                        \
-    INSTANTIATE(e5m2fnuz, e5m2fnuz, )
+// The kernels of the tensor-core files (gemm_tc.cu, gemv_tc.cu, gemm_wg.cu): every float weight
+// type but f32 x {plain, block f32 scales, block bf16 scales}: INSTANTIATE(suffix, W, Scale, sname),
+// sname the kernel name's scale suffix (empty, _block_f32, _block_bf16).
+#define MW_LINEAR_TC_SCALES(wname, W, INSTANTIATE)                                                   \
+    INSTANTIATE(wname, W, mw_linear::NoBlocks, )                                                     \
+    INSTANTIATE(wname, W, mw_linear::Blocks<float>, _block_f32)                                      \
+    INSTANTIATE(wname, W, mw_linear::Blocks<bf16>, _block_bf16)
+#define MW_LINEAR_FOR_EACH_TC_KERNEL(INSTANTIATE)                                                    \
+    MW_LINEAR_TC_SCALES(f16, f16, INSTANTIATE)                                                       \
+    MW_LINEAR_TC_SCALES(bf16, bf16, INSTANTIATE)                                                     \
+    MW_LINEAR_TC_SCALES(e4m3fn, e4m3fn, INSTANTIATE)                                                 \
+    MW_LINEAR_TC_SCALES(e4m3fnuz, e4m3fnuz, INSTANTIATE)                                             \
+    MW_LINEAR_TC_SCALES(e5m2, e5m2, INSTANTIATE)                                                     \
+    MW_LINEAR_TC_SCALES(e5m2fnuz, e5m2fnuz, INSTANTIATE)

@@ -55,6 +55,19 @@ inline float mma_element(uint32_t reg, int half) {
     }
 }
 
+// Lane `lane`'s A fragment (registers a[0..3]) into the 16 x 16 matrix `m`, by the layout above
+// (wgmma.cuh's warps hold theirs alike).
+template <bool F16>
+inline void mma_gather_a(const uint32_t (&a)[4], int lane, float (&m)[16][16]) {
+    const int g = lane >> 2, t = lane % 4;
+    for (int h = 0; h < 2; ++h) {
+        m[g][2 * t + h] = mma_element<F16>(a[0], h);
+        m[g + 8][2 * t + h] = mma_element<F16>(a[1], h);
+        m[g][2 * t + 8 + h] = mma_element<F16>(a[2], h);
+        m[g + 8][2 * t + 8 + h] = mma_element<F16>(a[3], h);
+    }
+}
+
 template <bool F16>
 inline bool mma_resolve(void* const* slots, ::mw_simt::lanemask group, char* err, size_t cap) {
     if (group != MW_FULL_MASK) {
@@ -65,11 +78,8 @@ inline bool mma_resolve(void* const* slots, ::mw_simt::lanemask group, char* err
     for (int lane = 0; lane < 32; ++lane) {
         const MmaSlot& s = *static_cast<const MmaSlot*>(slots[lane]);
         const int g = lane >> 2, t = lane % 4;
+        mma_gather_a<F16>(s.a, lane, a);
         for (int h = 0; h < 2; ++h) {
-            a[g][2 * t + h] = mma_element<F16>(s.a[0], h);
-            a[g + 8][2 * t + h] = mma_element<F16>(s.a[1], h);
-            a[g][2 * t + 8 + h] = mma_element<F16>(s.a[2], h);
-            a[g + 8][2 * t + 8 + h] = mma_element<F16>(s.a[3], h);
             b[2 * t + h][g] = mma_element<F16>(s.b[0], h);
             b[2 * t + 8 + h][g] = mma_element<F16>(s.b[1], h);
             c[g][2 * t + h] = s.c[h];

@@ -152,16 +152,7 @@ inline bool wgmma_resolve(void* const* slots, ::mw_simt::lanemask group, char* e
     WgmmaRead read{0, first.desc, {}};
     if (!wgmma_read_b(first.desc, read.b, err, cap)) return false;
     float a[16][16];
-    for (int lane = 0; lane < 32; ++lane) {
-        const WgmmaSlot& s = *static_cast<const WgmmaSlot*>(slots[lane]);
-        const int g = lane >> 2, t = lane % 4;
-        for (int h = 0; h < 2; ++h) {
-            a[g][2 * t + h] = mma_element<false>(s.a[0], h);
-            a[g + 8][2 * t + h] = mma_element<false>(s.a[1], h);
-            a[g][2 * t + 8 + h] = mma_element<false>(s.a[2], h);
-            a[g + 8][2 * t + 8 + h] = mma_element<false>(s.a[3], h);
-        }
-    }
+    for (int lane = 0; lane < 32; ++lane) mma_gather_a<false>(static_cast<const WgmmaSlot*>(slots[lane])->a, lane, a);
     for (int lane = 0; lane < 32; ++lane) {
         const WgmmaSlot& s = *static_cast<const WgmmaSlot*>(slots[lane]);
         const int g = lane >> 2, t = lane % 4;
@@ -196,12 +187,8 @@ inline bool wgmma_group_resolve(void* const* slots, ::mw_simt::lanemask group, c
     }
     // Retire the groups older than the newest `pending` committed ones: their reads must still hold.
     const unsigned long long retire = w.committed > unsigned(s.pending) ? w.committed - unsigned(s.pending) : 0;
-    std::vector<WgmmaRead> keep;
     for (const WgmmaRead& r : w.reads) {
-        if (r.group >= retire) {
-            keep.push_back(r);
-            continue;
-        }
+        if (r.group >= retire) continue;
         static thread_local uint16_t now[16][WGMMA_N];
         if (!wgmma_read_b(r.desc, now, err, cap)) return false;
         if (memcmp(now, r.b, sizeof(now)) != 0) {
@@ -212,7 +199,7 @@ inline bool wgmma_group_resolve(void* const* slots, ::mw_simt::lanemask group, c
             return false;
         }
     }
-    w.reads.swap(keep);
+    std::erase_if(w.reads, [retire](const WgmmaRead& r) { return r.group < retire; });
     return true;
 }
 
