@@ -181,14 +181,18 @@ MW_DEV void gemm_tc(const LinearParams& p) {
         if constexpr (Scale::BLOCKS) {
             mma_tile<WP>(x_smem[buf], w_smem[buf], wm, wn, part_f32);
             if (!more || (tile + 1) % block_tiles == 0) {
-                // The k-block ends: acc += part * its scale, column by column.
-                const uint64_t l = tile * TILE_K;
+                // The k-block ends: acc += part * its scale, column by column. The lane's columns
+                // j0 + wn WARP_N + 2 tq + e + MMA_N nt walk the block rows by a cursor (as in
+                // gemm_wg.cu): four divisions per fold, not three per column.
+                const uint32_t grid_cols = Scale::grid_cols(p), block_col = uint32_t(tile * TILE_K) / p.block_cols;
 #pragma unroll
-                for (int nt = 0; nt < FRAG_N; ++nt)
+                for (int e = 0; e < 2; ++e) {
+                    ChunkColumns rows(uint32_t(j0) + wn * WARP_N + 2 * tq + e, p.block_rows, MMA_N);
 #pragma unroll
-                    for (int e = 0; e < 2; ++e) {
+                    for (int nt = 0; nt < FRAG_N; ++nt) {
                         const uint64_t j = j0 + wn * WARP_N + nt * MMA_N + 2 * tq + e;
-                        const float s = j < p.n ? Scale::at(p, j, l) : 0.0f;
+                        const void* row = Scale::block_row(p.scales, rows.col, grid_cols);
+                        const float s = j < p.n ? Scale::in_row(row, block_col) : 0.0f;
 #pragma unroll
                         for (int mt = 0; mt < FRAG_M; ++mt)
 #pragma unroll
@@ -196,7 +200,9 @@ MW_DEV void gemm_tc(const LinearParams& p) {
                                 acc_f32[mt][nt][2 * h + e] += part_f32[mt][nt][2 * h + e] * s;
                                 part_f32[mt][nt][2 * h + e] = 0.0f;
                             }
+                        rows.advance();
                     }
+                }
             }
         } else {
             mma_tile<WP>(x_smem[buf], w_smem[buf], wm, wn, acc_f32);
