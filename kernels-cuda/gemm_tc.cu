@@ -81,33 +81,6 @@ using Staged = TileWords<W, TILE_M, TILE_N, TILE_K, THREADS>;
 template <typename W>
 constexpr int W_PARTS = IS_F16<W> ? 2 : 1;
 
-// Splits / widens the staged words into shared tiles x_smem[part], w_smem[part].
-template <typename W>
-MW_DEV void store_tile(const Staged<W>& s, bf16 (*x_smem)[TILE_M * TILE_K], bf16 (*w_smem)[TILE_N * TILE_K]) {
-#pragma unroll
-    for (int r = 0; r < Staged<W>::X_WORDS; ++r) {
-        const int at = swizzled32(Staged<W>::x_row(r), Staged<W>::x_col(r));  // 4 columns in one chunk
-        Pair parts[X_PARTS];
-        split_x4(s.x[r], parts);
-#pragma unroll
-        for (int q = 0; q < X_PARTS; ++q) *reinterpret_cast<Pair*>(x_smem[q] + at) = parts[q];
-    }
-#pragma unroll
-    for (int r = 0; r < Staged<W>::W_WORDS; ++r) {
-        const int row = Staged<W>::w_row(r), col = Staged<W>::w_col(r);
-#pragma unroll
-        for (int e = 0; e < Staged<W>::PER_WORD; ++e) {
-            const float w = element<W>(s.w[r], e);
-            const bf16 hi = mw::from_f32<bf16>(w);  // exact unless W is f16
-            const int at = swizzled32(row, col + e);
-            w_smem[0][at] = hi;
-            if constexpr (W_PARTS<W> == 2) {
-                w_smem[1][at] = mw::from_f32<bf16>(finite(w) ? w - mw::to_f32(hi) : 0.0f);
-            }
-        }
-    }
-}
-
 // sum += the warp's part of x_tile . w_tile^T over one TILE_K step.
 template <int W_PARTS>
 MW_DEV void mma_tile(const bf16 (*x_smem)[TILE_M * TILE_K], const bf16 (*w_smem)[TILE_N * TILE_K], int wm, int wn,
@@ -172,7 +145,7 @@ MW_DEV void gemm_tc(const LinearParams& p) {
 
     Staged<W> staged;
     staged.load(p, i0, j0, 0);
-    store_tile<W>(staged, x_smem[0], w_smem[0]);
+    store_split_tiles<W, X_PARTS, W_PARTS<W>>(staged, x_smem[0], w_smem[0]);
     __syncthreads();
     for (uint64_t tile = 0; tile < tiles; ++tile) {
         const int buf = int(tile % 2);
@@ -208,7 +181,7 @@ MW_DEV void gemm_tc(const LinearParams& p) {
             mma_tile<WP>(x_smem[buf], w_smem[buf], wm, wn, acc_f32);
         }
         // The other buffer was last read in the previous step, before the barrier that ended it.
-        if (more) store_tile<W>(staged, x_smem[buf ^ 1], w_smem[buf ^ 1]);
+        if (more) store_split_tiles<W, X_PARTS, W_PARTS<W>>(staged, x_smem[buf ^ 1], w_smem[buf ^ 1]);
         __syncthreads();
     }
 #pragma unroll

@@ -243,6 +243,37 @@ struct TileWords {
     }
 };
 
+// Splits / widens staged words `s` (a TileWords over [rows][SWIZZLE_COLS] tiles) into shared
+// tiles in the swizzled32 layout: x's X_PARTS bf16 parts into x_smem[0..X_PARTS) (split_x4) and the
+// weight's W_PARTS parts into w_smem[0..W_PARTS) (the value as bf16, exact but for f16, whose
+// remainder is the second part). gemm_tc.cu and gemm_mfma.cu.
+template <typename W, int X_PARTS, int W_PARTS, typename Staged, int X_ELEMS, int W_ELEMS>
+MW_DEV void store_split_tiles(const Staged& s, bf16 (*x_smem)[X_ELEMS], bf16 (*w_smem)[W_ELEMS]) {
+    static_assert(W_PARTS == (IS_F16<W> ? 2 : 1), "f16 weights take two bf16 parts, the others one");
+#pragma unroll
+    for (int r = 0; r < Staged::X_WORDS; ++r) {
+        const int at = swizzled32(Staged::x_row(r), Staged::x_col(r));  // 4 columns in one chunk
+        Pair parts[X_PARTS];
+        split_x4(s.x[r], parts);
+#pragma unroll
+        for (int q = 0; q < X_PARTS; ++q) *reinterpret_cast<Pair*>(x_smem[q] + at) = parts[q];
+    }
+#pragma unroll
+    for (int r = 0; r < Staged::W_WORDS; ++r) {
+        const int row = Staged::w_row(r), col = Staged::w_col(r);
+#pragma unroll
+        for (int e = 0; e < Staged::PER_WORD; ++e) {
+            const float w = element<W>(s.w[r], e);
+            const bf16 hi = mw::from_f32<bf16>(w);  // exact unless W is f16
+            const int at = swizzled32(row, col + e);
+            w_smem[0][at] = hi;
+            if constexpr (W_PARTS == 2) {
+                w_smem[1][at] = mw::from_f32<bf16>(finite(w) ? w - mw::to_f32(hi) : 0.0f);
+            }
+        }
+    }
+}
+
 // y[i][j] = v in y's dtype (round to nearest even).
 MW_DEV void store_y(const LinearParams& p, uint64_t i, uint64_t j, float v) {
     const uint64_t at = i * p.n + j;

@@ -655,32 +655,14 @@ fn gemv_tensor_cores<D: Device>(g: &Gpu<D>) {
     g.set_gemv_tensor_core_rows(None).expect("back to gemv.cu");
 }
 
-/// The warpgroup GEMM (`Gpu::set_gemm_warpgroup`: gemm_wg.cu, wgmma) against the reference within
-/// gemm_tc.cu's bound, where `gemm::gemm_kernel` routes it (asserted; on a device without wgmma the
-/// same cases on the kernels it keeps): every tensor-core weight dtype x scale kind at shapes with
-/// partial row tiles (of 128 rows: m = 17, 20, 130) and column tiles (of 128 features: n = 3, 19,
-/// 129, 257), k of one, several and partial 32-column tiles, 16-bit x and y; block rows of 1, 2,
-/// 5 and 128 (the fold's cursor over the lane's columns 8 apart) and columns of one, two and four
-/// tiles; 3 x 5 blocks, which stay on gemm.cu; k = 4096 with 128 x 128 blocks (32 k-blocks of 4 tiles) and per channel; and the
-/// exact-parts cases, which fail if any bf16 part of x or of an f16 weight is dropped.
-fn gemm_warpgroup<D: Device>(g: &Gpu<D>) {
-    use memwall_runtime::gpu::ops::gemm::{gemm_kernel, has_wgmma};
-    let info = g.device().info().clone();
-    g.set_gemm_warpgroup(true);
-    assert!(g.gemm_warpgroup());
-    if !has_wgmma(&info) {
-        eprintln!("{}: no wgmma (sm_90 only): the cases run on the kernels it keeps", g.name());
-    }
-    let mut warpgroup_cases = 0;
-    let mut run = |c: &Case| {
-        let d = LinearDims { m: c.m, n: c.n, k: c.k };
-        let kernel = gemm_kernel(d, c.weight, blocks(c), &info, true);
-        let kept = gemm_path(d, c.weight, blocks(c), &info);
-        let want = if kept == GemmPath::TensorCore && has_wgmma(&info) { GemmPath::Warpgroup } else { kept };
-        assert_eq!(kernel, want, "{c:?}");
-        warpgroup_cases += usize::from(kernel == GemmPath::Warpgroup);
-        check_on(g, c, usize::from(kernel != GemmPath::CudaCore));
-    };
+/// The cases of the tensor-core GEMMs' own suites (gemm_wg.cu, gemm_mfma.cu), each handed to `run`:
+/// every tensor-core weight dtype x scale kind at shapes with partial row tiles (m = 17, 20, 129,
+/// 130: of 64 and of 128 rows) and column tiles (n = 3, 19, 129, 257: of 64 and of 128 features), k
+/// of one, several and partial 32-column tiles, 16-bit x and y; block rows of 1, 2, 5 and 128 (the
+/// folds' cursors over a lane's columns 8 or 16 apart) and columns of one, two and four tiles; 3 x 5
+/// blocks, which stay on gemm.cu; k = 4096 with 128 x 128 blocks (32 k-blocks of 4 tiles) and per
+/// channel.
+fn tensor_core_gemm_cases(mut run: impl FnMut(&Case)) {
     let mut seed = 0x3767_0001u64;
     let shapes = [(17, 19, 128), (130, 129, 48), (20, 257, 80), (129, 3, 160)];
     let tc_weights =
@@ -723,11 +705,50 @@ fn gemm_warpgroup<D: Device>(g: &Gpu<D>) {
             run(&c);
         }
     }
-    if has_wgmma(&info) {
-        assert!(warpgroup_cases >= 100, "only {warpgroup_cases} cases ran on gemm_wg");
+}
+
+/// Runs `tensor_core_gemm_cases` on `g` against the reference within gemm_tc.cu's bound where
+/// `gemm::gemm_kernel` routes each (with the warpgroup path as `g` has it), asserting that `path`
+/// takes exactly the cases that mma.sync would (gemm_tc.cu's contract) where `has_path` (else the
+/// cases run on the kernels the device keeps) and at least 100 of them; then the exact-parts
+/// cases, which fail if any bf16 part of x or of an f16 weight is dropped.
+fn tensor_core_gemm_on<D: Device>(g: &Gpu<D>, path_wanted: GemmPath, has_path: bool) {
+    use memwall_runtime::gpu::ops::gemm::gemm_kernel;
+    let info = g.device().info().clone();
+    if !has_path {
+        eprintln!("{}: no {path_wanted:?} GEMM: the cases run on the kernels it keeps", g.name());
+    }
+    let mut on_path = 0;
+    tensor_core_gemm_cases(|c| {
+        let d = LinearDims { m: c.m, n: c.n, k: c.k };
+        let kernel = gemm_kernel(d, c.weight, blocks(c), &info, g.gemm_warpgroup());
+        if has_path {
+            assert_eq!(kernel == path_wanted, path(c) == Some(GemmPath::TensorCore), "{kernel:?} {c:?}");
+        }
+        on_path += usize::from(kernel == path_wanted);
+        check_on(g, c, usize::from(kernel != GemmPath::CudaCore));
+    });
+    if has_path {
+        assert!(on_path >= 100, "only {on_path} cases ran on {path_wanted:?}");
     }
     exact_parts_at(g, 20);
+}
+
+/// The warpgroup GEMM (`Gpu::set_gemm_warpgroup`: gemm_wg.cu, wgmma; sm_90 only) on
+/// `tensor_core_gemm_cases`.
+fn gemm_warpgroup<D: Device>(g: &Gpu<D>) {
+    use memwall_runtime::gpu::ops::gemm::has_wgmma;
+    g.set_gemm_warpgroup(true);
+    assert!(g.gemm_warpgroup());
+    tensor_core_gemm_on(g, GemmPath::Warpgroup, has_wgmma(g.device().info()));
     g.set_gemm_warpgroup(false);
+}
+
+/// The MFMA GEMM (gemm_mfma.cu: AMD matrix cores, and the warp-64 emulator) on
+/// `tensor_core_gemm_cases`.
+fn gemm_matrix_cores<D: Device>(g: &Gpu<D>) {
+    use memwall_runtime::gpu::ops::gemm::has_mfma;
+    tensor_core_gemm_on(g, GemmPath::MatrixCore, has_mfma(g.device().info()));
 }
 
 /// x and y at 3 of 9 allocated rows: the kernels read and write only their rows.
@@ -828,6 +849,14 @@ mod emulated {
         gemm_warpgroup(&b);
     }
 
+    /// gemm_mfma.cu on the HIP image (warp 64), through mfma.cuh's emulated MFMA.
+    #[test]
+    fn matrix_core_gemm_matches_reference() {
+        let (name, b) = gpu::emulated().pop().expect("hip-emu");
+        assert!(name.contains("hip"), "{name}");
+        gemm_matrix_cores(&b);
+    }
+
     #[test]
     fn gemv_four_features_per_warp_matches_reference() {
         for (_, b) in warp_32_and_64() {
@@ -908,6 +937,11 @@ device_tests! {
     // Only sm_90 has wgmma: elsewhere the same cases on gemm_tc.cu / gemm.cu.
     fn warpgroup_gemm_matches_reference(b, who) {
         gemm_warpgroup(&b);
+    }
+
+    // Only AMD CDNA has MFMA: elsewhere the same cases on the kernels kept there.
+    fn matrix_core_gemm_matches_reference(b, who) {
+        gemm_matrix_cores(&b);
     }
 
     fn gate_up_silu_matches_reference(b, who) {

@@ -45,7 +45,7 @@ fn gemv_tiles() -> usize {
 
 fn launcher_kernels() -> Vec<&'static str> {
     let mut names = ops::kernel_names();
-    // The files of build/hip.rs's HIP_LEFT_OUT (NVIDIA tensor-core fragments; no MFMA version yet).
+    // The files of build/hip.rs's HIP_LEFT_OUT (NVIDIA tensor-core fragments and wgmma).
     names.retain(|n| !memwall::kernels::HIP_LEFT_OUT_PREFIXES.iter().any(|p| n.starts_with(p)));
     names
 }
@@ -309,4 +309,44 @@ fn gemv_weight_loads_are_128_bit() {
         // 7 weight dtypes x {plain, block f32, block bf16} x (gemv's row tiles and gemv_j4's).
         assert_eq!(checked, 7 * 3 * gemv_tiles(), "gemv kernels disassembled for {target}");
     }
+}
+
+/// gemm_mfma.cu on every target: its 18 kernels (6 weight dtypes x {plain, block f32, block bf16})
+/// run their products on the matrix cores, `v_mfma_f32_16x16x16_bf16` (gfx94x's spelling) or
+/// `v_mfma_f32_16x16x16bf16_1k` (gfx90a's), 48 per 32-column tile (2 k steps x 2 x 4 fragments x
+/// 3 parts of x) or 96 for f16 weights (2 parts each), and no other MFMA; no other file uses the
+/// matrix cores. (Scratch is checked for every kernel by `code_objects_are_wave64_elf_without_scratch`.)
+#[test]
+fn mfma_gemm_runs_on_the_matrix_cores() {
+    if !built() {
+        return;
+    }
+    let mut files = 0;
+    for image in HIP_CODE_OBJECTS {
+        let target = image.targets[0];
+        let mut kernels = 0;
+        for (name, lines) in &disassemble(image) {
+            let mfma: Vec<&str> = lines
+                .iter()
+                .filter_map(|l| l.split_whitespace().next())
+                .filter(|o| o.starts_with("v_mfma"))
+                .collect();
+            if image.name != "gemm_mfma.cu" {
+                assert!(mfma.is_empty(), "{name} ({target}) of {} uses {mfma:?}", image.name);
+                continue;
+            }
+            let want = if name.starts_with("gemm_mfma_f16") { 96 } else { 48 };
+            assert_eq!(mfma.len(), want, "{name} ({target}): {} MFMAs", mfma.len());
+            assert!(
+                mfma.iter().all(|o| matches!(*o, "v_mfma_f32_16x16x16_bf16" | "v_mfma_f32_16x16x16bf16_1k")),
+                "{name} ({target}): {mfma:?}"
+            );
+            kernels += 1;
+        }
+        if image.name == "gemm_mfma.cu" {
+            assert_eq!(kernels, 6 * 3, "gemm_mfma kernels disassembled for {target}");
+            files += 1;
+        }
+    }
+    assert_eq!(files, targets().len(), "a gemm_mfma.cu code object per target");
 }

@@ -81,7 +81,8 @@ pub enum Vendor {
 /// What the launch heuristics may know about a device.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceInfo {
-    /// `NVIDIA H200`, `simt (host emulation, warp 32)`, ...
+    /// `NVIDIA H200`, `simt (host emulation, warp 32)`, ...; on AMD the device's name and its gfx
+    /// target in parentheses, `AMD Instinct MI300X (gfx942)` (`gemm::has_mfma` reads the target).
     pub name: String,
     pub vendor: Vendor,
     /// Compute capability (major, minor) on NVIDIA; the gfx major and minor on AMD (gfx942 is

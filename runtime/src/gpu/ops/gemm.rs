@@ -1,9 +1,10 @@
 //! `gemm`: the matrix product for prefill and large batches. `linear::linear` hands it the shapes
 //! GEMV does not take (more than `GEMV_MAX_ROWS` rows); [`gemm_path`] picks the kernel: the
 //! tensor-core GEMM of `kernels-cuda/gemm_tc.cu` where its preconditions and accuracy contract hold,
-//! else the CUDA-core GEMM of `kernels-cuda/gemm.cu` (f32 weights, odd k, odd block scales, GPUs
-//! before sm_80); [`gemm_kernel`] sends gemm_tc.cu's shapes to the wgmma GEMM of
-//! `kernels-cuda/gemm_wg.cu` on sm_90 where [`Gpu::set_gemm_warpgroup`] asks for it.
+//! or, on AMD matrix cores, its twin on MFMA (`kernels-cuda/gemm_mfma.cu`), else the CUDA-core GEMM
+//! of `kernels-cuda/gemm.cu` (f32 weights, odd k, odd block scales, GPUs before sm_80 or without
+//! MFMA); [`gemm_kernel`] sends gemm_tc.cu's shapes to the wgmma GEMM of `kernels-cuda/gemm_wg.cu`
+//! on sm_90 where [`Gpu::set_gemm_warpgroup`] asks for it.
 
 use super::super::{Device, DeviceInfo, Gpu, GpuStorage, LaunchCfg, Vendor, dim};
 use super::linear::launch_linear;
@@ -30,6 +31,15 @@ pub const WG_TILE_N: usize = 128;
 pub const WG_THREADS: u32 = 256;
 pub const WG_TILE_K: usize = 32;
 
+/// `TILE_M`, `TILE_N` and `THREADS` of gemm_mfma.cu (four wavefronts of 64 lanes).
+pub const MFMA_TILE_M: usize = 64;
+pub const MFMA_TILE_N: usize = 128;
+pub const MFMA_THREADS: u32 = 256;
+
+/// The AMD gfx targets whose matrix cores run gemm_mfma.cu (`v_mfma_f32_16x16x16_bf16`: CDNA2,
+/// CDNA3, CDNA3+; mfma.cuh compiles the instruction for exactly these).
+pub const MFMA_TARGETS: &[&str] = &["gfx90a", "gfx940", "gfx941", "gfx942", "gfx950"];
+
 /// `SHARED_BYTES<W>` of gemm_wg.cu: two buffers of the weight tile's bf16 parts (two for f16
 /// weights, else one) and x's three, TILE_K columns each.
 pub fn wg_shared_bytes(weight: DType) -> u32 {
@@ -47,6 +57,8 @@ pub enum GemmPath {
     /// `gemm_wg_<w>[_block_<s>]` of gemm_wg.cu: gemm_tc.cu's contract on wgmma (sm_90a), where
     /// [`Gpu::set_gemm_warpgroup`] turned it on.
     Warpgroup,
+    /// `gemm_mfma_<w>[_block_<s>]` of gemm_mfma.cu: gemm_tc.cu's contract on AMD's MFMA.
+    MatrixCore,
 }
 
 /// Whether the device runs mma.sync m16n8k16 on bf16: NVIDIA sm_80 and newer, or the SIMT
@@ -70,6 +82,22 @@ pub fn has_wgmma(info: &DeviceInfo) -> bool {
     }
 }
 
+/// Whether the device runs `v_mfma_f32_16x16x16_bf16` (gemm_mfma.cu): an AMD GPU at wave 64 whose
+/// gfx target, the last parenthesised word of its name as the HIP backend writes it
+/// (`AMD Instinct MI300X (gfx942)`, [`DeviceInfo::name`]), is one of [`MFMA_TARGETS`] (the arch
+/// numbers cannot tell gfx90a from gfx906, which has no bf16 MFMA); or the SIMT emulator at warp 64,
+/// which emulates it (mfma.cuh). Never NVIDIA.
+pub fn has_mfma(info: &DeviceInfo) -> bool {
+    match info.vendor {
+        Vendor::Amd => {
+            let target = info.name.rsplit_once('(').and_then(|(_, t)| t.strip_suffix(')'));
+            info.warp_size == 64 && target.is_some_and(|t| MFMA_TARGETS.contains(&t))
+        }
+        Vendor::Simt => info.warp_size == 64,
+        Vendor::Nvidia => false,
+    }
+}
+
 /// The GEMM kernel `linear` runs for `d` on `info` with the warpgroup path `warpgroup` on or off
 /// ([`Gpu::set_gemm_warpgroup`]): [`gemm_path`]'s, with gemm_tc.cu's shapes on wgmma where the
 /// device has it.
@@ -90,7 +118,8 @@ pub fn gemm_kernel(
 /// of its block or per-channel scale (None for unscaled or per-tensor). The tensor-core path needs
 /// a 16-bit or fp8 weight (f32 weights would need splitting too: left to gemm.cu), k a multiple of
 /// a 16-byte word of the weight (8 of 16-bit, 16 of fp8), block scales whose k-blocks are whole
-/// `TC_TILE_K` tiles (or span k), and mma hardware.
+/// `TC_TILE_K` tiles (or span k), and mma hardware ([`GemmPath::TensorCore`]) or AMD matrix cores
+/// ([`GemmPath::MatrixCore`], the same contract and k tile).
 pub fn gemm_path(
     d: LinearDims,
     weight: DType,
@@ -98,8 +127,12 @@ pub fn gemm_path(
     info: &DeviceInfo,
 ) -> GemmPath {
     let scales = blocks.is_none_or(|(_, bc)| bc >= d.k || bc.is_multiple_of(TC_TILE_K));
-    if has_mma_bf16(info) && tc_words(d, weight) && scales {
+    if !(tc_words(d, weight) && scales) {
+        GemmPath::CudaCore
+    } else if has_mma_bf16(info) {
         GemmPath::TensorCore
+    } else if has_mfma(info) {
+        GemmPath::MatrixCore
     } else {
         GemmPath::CudaCore
     }
@@ -152,6 +185,11 @@ pub fn gemm_tc_launch(m: usize, n: usize, info: &DeviceInfo) -> Result<LaunchCfg
     tile_grid(m, n, (TC_TILE_M, TC_TILE_N), threads, info)
 }
 
+/// The MFMA GEMM grid: one block of four wavefronts per MFMA_TILE_N x MFMA_TILE_M tile.
+pub fn gemm_mfma_launch(m: usize, n: usize, info: &DeviceInfo) -> Result<LaunchCfg> {
+    tile_grid(m, n, (MFMA_TILE_M, MFMA_TILE_N), MFMA_THREADS, info)
+}
+
 /// The warpgroup GEMM grid: one block of two warpgroups per WG_TILE_N x WG_TILE_M tile, with
 /// its dynamic shared memory for a `weight` of this dtype.
 pub fn gemm_wg_launch(m: usize, n: usize, weight: DType, info: &DeviceInfo) -> Result<LaunchCfg> {
@@ -175,6 +213,9 @@ pub(crate) fn gemm<D: Device>(
         }
         GemmPath::TensorCore => {
             launch_linear(g, d, x, w, y, ("gemm_tc", None), gemm_tc_launch(d.m, d.n, info)?)
+        }
+        GemmPath::MatrixCore => {
+            launch_linear(g, d, x, w, y, ("gemm_mfma", None), gemm_mfma_launch(d.m, d.n, info)?)
         }
         GemmPath::CudaCore => launch_linear(g, d, x, w, y, ("gemm", None), gemm_launch(d.m, d.n, info)?),
     }
@@ -203,7 +244,7 @@ mod tests {
 
     #[test]
     fn warpgroup_only_on_sm_90_where_asked() {
-        use GemmPath::{CudaCore, TensorCore, Warpgroup};
+        use GemmPath::{CudaCore, MatrixCore, TensorCore, Warpgroup};
         let h200 = super::super::test_h200();
         assert_eq!(h200.arch, (9, 0));
         let d = dims(512, 14336, 4096);
@@ -222,9 +263,15 @@ mod tests {
         let emu = DeviceInfo { arch: (0, 0), vendor: Vendor::Simt, ..h200.clone() };
         assert_eq!(gemm_kernel(d, DType::BF16, None, &emu, true), Warpgroup);
         let wave64 = DeviceInfo { warp_size: 64, ..emu };
-        assert_eq!(gemm_kernel(d, DType::BF16, None, &wave64, true), CudaCore);
-        let mi300 = DeviceInfo { vendor: Vendor::Amd, arch: (9, 0), warp_size: 64, ..h200.clone() };
-        assert_eq!(gemm_kernel(d, DType::BF16, None, &mi300, true), CudaCore);
+        assert_eq!(gemm_kernel(d, DType::BF16, None, &wave64, true), MatrixCore);
+        let mi250 = DeviceInfo {
+            name: "AMD Instinct MI250X (gfx90a)".into(),
+            vendor: Vendor::Amd,
+            arch: (9, 0),
+            warp_size: 64,
+            ..h200.clone()
+        };
+        assert_eq!(gemm_kernel(d, DType::BF16, None, &mi250, true), MatrixCore);
         // Grid and shared memory: 128 x 128 tiles, two warpgroups, 64 KB (80 KB for f16).
         let wg = gemm_wg_launch(512, 14336, DType::BF16, &h200).unwrap();
         assert_eq!((wg.grid, wg.block, wg.shared_bytes), ([112, 4, 1], [256, 1, 1], 64 * 1024));
@@ -268,11 +315,60 @@ mod tests {
         let emu = DeviceInfo { arch: (0, 0), vendor: Vendor::Simt, ..h200.clone() };
         assert_eq!(gemm_path(d, DType::BF16, None, &emu), TensorCore);
         let wave64 = DeviceInfo { warp_size: 64, ..emu };
-        assert_eq!(gemm_path(d, DType::BF16, None, &wave64), CudaCore);
+        assert_eq!(gemm_path(d, DType::BF16, None, &wave64), GemmPath::MatrixCore);
         // An AMD GPU never takes mma.sync, whatever its arch numbers or wave size.
         let mi300 = DeviceInfo { vendor: Vendor::Amd, arch: (9, 4), warp_size: 64, ..h200.clone() };
         assert_eq!(gemm_path(d, DType::BF16, None, &mi300), CudaCore);
         let amd32 = DeviceInfo { warp_size: 32, ..mi300 };
         assert_eq!(gemm_path(d, DType::BF16, None, &amd32), CudaCore);
+    }
+
+    #[test]
+    fn matrix_cores_on_mfma_targets_only() {
+        use GemmPath::{CudaCore, MatrixCore};
+        let h200 = super::super::test_h200();
+        let amd = |name: &str, arch| DeviceInfo {
+            name: name.into(),
+            vendor: Vendor::Amd,
+            arch,
+            warp_size: 64,
+            ..h200.clone()
+        };
+        let d = dims(512, 14336, 4096);
+        for (name, arch) in [
+            ("AMD Instinct MI300X (gfx942)", (9, 4)),
+            ("AMD Instinct MI250X (gfx90a)", (9, 0)),
+            ("AMD Instinct MI355X (gfx950)", (9, 5)),
+        ] {
+            let gpu = amd(name, arch);
+            assert!(has_mfma(&gpu), "{name}");
+            for w in [DType::BF16, DType::F16, DType::F8E4M3Fnuz, DType::F8E5M2] {
+                assert_eq!(gemm_path(d, w, None, &gpu), MatrixCore, "{name} {w}");
+                assert_eq!(gemm_path(d, w, Some((128, 128)), &gpu), MatrixCore, "{name} {w}");
+            }
+            // gemm_tc.cu's contract: f32 weights, odd k and odd blocks stay on gemm.cu.
+            assert_eq!(gemm_path(d, DType::F32, None, &gpu), CudaCore);
+            assert_eq!(gemm_path(dims(64, 64, 17), DType::BF16, None, &gpu), CudaCore);
+            assert_eq!(gemm_path(d, DType::BF16, Some((3, 5)), &gpu), CudaCore);
+        }
+        // gfx906 reports arch (9, 0) like gfx90a but has no bf16 MFMA; RDNA is wave 32 and has WMMA,
+        // not MFMA; a name without a target is not trusted.
+        for gpu in [
+            amd("AMD Instinct MI50 (gfx906)", (9, 0)),
+            DeviceInfo { warp_size: 32, ..amd("AMD Radeon RX 7900 XTX (gfx1100)", (11, 0)) },
+            amd("AMD Instinct MI300X", (9, 4)),
+            amd("AMD Instinct MI300X (gfx942", (9, 4)),
+        ] {
+            assert!(!has_mfma(&gpu), "{}", gpu.name);
+            assert_eq!(gemm_path(d, DType::BF16, None, &gpu), CudaCore, "{}", gpu.name);
+        }
+        assert!(!has_mfma(&h200));
+        let wave64 = DeviceInfo { arch: (0, 0), vendor: Vendor::Simt, warp_size: 64, ..h200.clone() };
+        assert!(has_mfma(&wave64));
+        // Grid: 64-row, 128-column tiles of four wavefronts.
+        let mf = gemm_mfma_launch(512, 14336, &wave64).unwrap();
+        assert_eq!((mf.grid, mf.block, mf.shared_bytes), ([112, 8, 1], [256, 1, 1], 0));
+        assert_eq!(gemm_mfma_launch(65, 129, &wave64).unwrap().grid, [2, 2, 1]);
+        assert!(gemm_mfma_launch(65536 * 64 + 1, 1, &wave64).is_err());
     }
 }

@@ -144,8 +144,8 @@ fn intern(name: String) -> &'static str {
 }
 
 /// `gemv_<w>[_block_<s>]_r<rows>` (`family` "gemv"; "gate_up_silu" likewise), or `gemm_<w>[_block_<s>]`,
-/// `gemm_tc_<w>[_block_<s>]` and `gemm_wg_<w>[_block_<s>]` (`family` "gemm" / "gemm_tc" / "gemm_wg",
-/// `rows` None).
+/// `gemm_tc_<w>[_block_<s>]`, `gemm_wg_<w>[_block_<s>]` and `gemm_mfma_<w>[_block_<s>]` (`family`
+/// "gemm" / "gemm_tc" / "gemm_wg" / "gemm_mfma", `rows` None).
 pub fn kernel_name(
     family: &str,
     weight: DType,
@@ -193,6 +193,7 @@ pub fn kernel_names() -> Vec<&'static str> {
             if w != DType::F32 {
                 names.extend(kernel_name("gemm_tc", w, s, None));
                 names.extend(kernel_name("gemm_wg", w, s, None));
+                names.extend(kernel_name("gemm_mfma", w, s, None));
                 names.extend(GEMV_TC_ROW_TILES.iter().filter_map(|&r| kernel_name("gemv_tc", w, s, Some(r))));
             }
         }
@@ -477,14 +478,14 @@ pub(crate) fn launch_linear<D: Device>(
     let y_dtype = y_code(y.dtype());
     let w_addr = addr::<D>(&w.weight);
     with_f32_x(g, d, x, |x_addr| {
-        if family == "gemm_tc" || family == "gemm_wg" {
+        if matches!(family, "gemm_tc" | "gemm_wg" | "gemm_mfma") {
             words_aligned("tensor-core GEMM", x_addr, w_addr)?;
         }
         let p = LinearParams::new(d, x_addr, w_addr, ws, (y_addr, y_dtype));
         // SAFETY: `check_linear` and `check_float_weight` checked x [m, k] (f32 here), the weight
         // [n, k] of the kernel's dtype, its scales' shape and dtype, and y [m, n] of y_dtype; both
         // kernels bound every element they touch by m, n and k, so each access is inside its
-        // buffer (gemm_tc, gemm_wg: in 16-byte words, whole because `gemm_path` only picks them where k is a
+        // buffer (gemm_tc, gemm_wg, gemm_mfma: in 16-byte words, whole because `gemm_path` only picks them where k is a
         // multiple of a word's elements, and aligned as checked above); y is borrowed mutably.
         unsafe { g.launch(name, cfg, &p) }
     })
@@ -651,7 +652,7 @@ mod tests {
             kernel_name("gate_up_silu", DType::F8E4M3Fnuz, Some(DType::F32), Some(4)),
             Some("gate_up_silu_e4m3fnuz_block_f32_r4")
         );
-        assert_eq!(kernel_names().len(), 2 + 7 * 3 * (3 + 2 + 1 + 1 + 1) + 6 * 3 * (1 + 2 + 1));
+        assert_eq!(kernel_names().len(), 2 + 7 * 3 * (3 + 2 + 1 + 1 + 1) + 6 * 3 * (1 + 2 + 1 + 1));
         assert_eq!(
             kernel_name("gemv_j4", DType::BF16, Some(DType::F32), Some(4)),
             Some("gemv_j4_bf16_block_f32_r4")
