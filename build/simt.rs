@@ -7,8 +7,8 @@
 //! - `simt/image_hip.cpp`: the layer at warp 64 with the kernel files of the HIP build (all but
 //!   `selftest*.cu` and build/hip.rs's `HIP_LEFT_OUT`), through `kernels-hip/hip.h`
 //!   (`MEMWALL_SIMT_HIP`): the HIP path's logic, run on the CPU (its list: `simt_hip_kernels.inc`);
-//! - `simt/image_selftest64.cpp`: the layer at warp 64 with `kernels-cuda/selftest.cu` only: the
-//!   wave64 logic the HIP sources will use, tested before they exist.
+//! - `simt/image_selftest64.cpp`: the layer at warp 64 with `kernels-cuda/selftest.cu` and
+//!   `selftest_mfma.cu` only: the layer's wave64 logic and the emulated MFMA, tested on their own.
 //! - `MEMWALL_SIMT_ASAN=1`: both images are compiled with `-fsanitize=address` and gcc's libasan
 //!   is linked; the test binaries must then run with libasan preloaded (`scripts/test.sh` does).
 //!

@@ -17,20 +17,18 @@
 // only so every image has the same kernel names): MW_MFMA_UNSUPPORTED, a trap; the runtime sends
 // gemm_mfma to the targets above alone (runtime/src/gpu/ops/gemm.rs, `has_mfma`).
 //
-// Under MEMWALL_SIMT_HIP (the warp-64 SIMT image) it is a wavefront collective of the SIMT layer
-// over all 64 lanes (a lane missing fails the launch) that gathers the lanes' fragments into
-// matrices by the layout above and scatters D back the same way. It multiplies exactly and sums in
-// f64 with one rounding to f32: at least as accurate as the hardware, whose accumulation order and
-// rounding the ISA leaves unspecified, so a kernel's tolerance must come from the hardware's bound
-// (f32 accumulation of K products), never from the emulator's results. In the warp-32 SIMT image
-// it is unsupported, as on NVIDIA.
+// In the SIMT layer at warp 64 (the HIP image, and the selftest64 image with selftest_mfma.cu) it
+// is a wavefront collective over all 64 lanes (a lane missing fails the launch) that gathers the
+// lanes' fragments into matrices by the layout above and scatters D back the same way. It
+// multiplies exactly and sums in f64 with one rounding to f32: at least as accurate as the
+// hardware, whose accumulation order and rounding the ISA leaves unspecified, so a kernel's
+// tolerance must come from the hardware's bound (f32 accumulation of K products), never from the
+// emulator's results. In the warp-32 SIMT image it is unsupported, as on NVIDIA.
 #pragma once
 
 namespace mw {
 
-#if defined(MEMWALL_SIMT_HIP)
-
-static_assert(MW_WARP == 64, "MFMA is a wavefront-64 (AMD CDNA) instruction");
+#if defined(MEMWALL_SIMT) && MW_WARP == 64
 
 struct MfmaSlot {
     uint32_t a[2];

@@ -858,6 +858,41 @@ fn ldmatrix_fragments_feed_mma() {
     }
 }
 
+/// The emulated MFMA (mfma.cuh) at warp 64, against the host product: each lane packs its A, B
+/// and C elements from global memory by the documented layout (lane l: A[l % 16][4 (l / 16) + e],
+/// B[4 (l / 16) + e][l % 16], C and D[4 (l / 16) + e][l % 16]) and stores D back from the same
+/// places, so the product comes out right only if the emulation reads the fragments that way.
+/// A block of 48 lanes (a partial wavefront) is an error naming the lanes; at warp 32 the
+/// selftest is a trap, as MFMA is a wave-64 instruction.
+#[test]
+fn mfma_follows_the_fragment_layouts() {
+    // A[i][k] = 16 i + k, B[k][n] = (16 k + n) / 256, C[i][n] = 16 i + n + 0.5: exact in bf16.
+    let a: Vec<f32> = (0..256).map(|i| i as f32).collect();
+    let b: Vec<f32> = (0..256).map(|i| i as f32 / 256.0).collect();
+    let c: Vec<f32> = (0..256).map(|i| i as f32 + 0.5).collect();
+    let want = product(&a, &b, Some(&c), 16, 16);
+    let input = [a, b, c].concat();
+    let mut ran = 0;
+    for (label, dev) in devices() {
+        let case = Case { out: vec![POISON; 256], input: input.clone(), n: 64, ..Case::default() };
+        match dev.image().label {
+            "selftest64" => {
+                let got = run(&dev, &label, "selftest_mfma_bf16", LaunchCfg::linear(1, 64, 0), &case);
+                assert_same_f32(&format!("{label} mfma 16x16x16 bf16"), &got.out, &want);
+                let e = launch_error(&dev, "selftest_mfma_bf16", LaunchCfg::linear(1, 48, 0), &case);
+                assert!(e.contains("needs all 64 lanes of the wavefront"), "{label}: {e:?}");
+                ran += 1;
+            }
+            "cuda" => {
+                let e = launch_error(&dev, "selftest_mfma_bf16", LaunchCfg::linear(1, 64, 0), &case);
+                assert!(e.contains("__trap() called"), "{label}: {e:?}");
+            }
+            other => panic!("unexpected image {other}"),
+        }
+    }
+    assert_eq!(ran, SCHEDULES.len());
+}
+
 #[test]
 fn mma_needs_the_whole_warp() {
     let case = Case { out: vec![0.0; 128], input: vec![0.5; 512], n: 32, ..Case::default() };
