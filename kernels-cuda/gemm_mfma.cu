@@ -119,9 +119,6 @@ MW_DEV void gemm_mfma(const LinearParams& p) {
     const int lane = threadIdx.x % WAVE, wave = threadIdx.x / WAVE;
     const int wm = wave / WAVES_N, wn = wave % WAVES_N, r16 = lane % 16, k4 = 4 * (lane / 16);
     const uint64_t i0 = uint64_t(blockIdx.y) * TILE_M, j0 = uint64_t(blockIdx.x) * TILE_N;
-    const uint64_t tiles = (p.k + TILE_K - 1) / TILE_K;
-    // Tiles per scale k-block (the launcher ensures block_cols >= k or a multiple of TILE_K).
-    const uint64_t block_tiles = (Scale::BLOCKS && p.block_cols < p.k) ? p.block_cols / TILE_K : tiles;
     // The lane's outputs: rows i0 + wm WAVE_M + 16 mt + r16, columns j_lane + 16 nt + e.
     const uint64_t j_lane = j0 + wn * WAVE_N + k4;
 
@@ -133,17 +130,10 @@ MW_DEV void gemm_mfma(const LinearParams& p) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[nt][mt][e] = part[nt][mt][e] = 0.0f;
 
-    Staged<W> staged;
-    staged.load(p, i0, j0, 0);
-    store_split_tiles<W, X_PARTS, WP>(staged, x_smem[0], w_smem[0]);
-    __syncthreads();
-    for (uint64_t tile = 0; tile < tiles; ++tile) {
-        const int buf = int(tile % 2);
-        const bool more = tile + 1 < tiles;
-        if (more) staged.load(p, i0, j0, (tile + 1) * TILE_K);
+    split_tile_loop<W, Scale, Staged<W>, TILE_K>(p, i0, j0, x_smem, w_smem, [&](int buf, uint64_t tile, bool block_end) {
         if constexpr (Scale::BLOCKS) {
             mfma_tile<WP>(x_smem[buf], w_smem[buf], wm, wn, part);
-            if (!more || (tile + 1) % block_tiles == 0) {
+            if (block_end) {
                 // The k-block ends: acc += part * its scale, output column by column; the lane's
                 // columns j_lane + e + 16 nt walk the block rows by a cursor.
                 const uint32_t grid_cols = Scale::grid_cols(p), block_col = uint32_t(tile * TILE_K) / p.block_cols;
@@ -167,10 +157,7 @@ MW_DEV void gemm_mfma(const LinearParams& p) {
         } else {
             mfma_tile<WP>(x_smem[buf], w_smem[buf], wm, wn, acc);
         }
-        // The other buffer was last read in the previous step, before the barrier that ended it.
-        if (more) store_split_tiles<W, X_PARTS, WP>(staged, x_smem[buf ^ 1], w_smem[buf ^ 1]);
-        __syncthreads();
-    }
+    });
 #pragma unroll
     for (int nt = 0; nt < FRAG_N; ++nt)
 #pragma unroll

@@ -131,9 +131,6 @@ MW_DEV void gemm_tc(const LinearParams& p) {
     const int lane = threadIdx.x % MW_WARP, warp = threadIdx.x / MW_WARP;
     const int wm = warp / WARPS_N, wn = warp % WARPS_N, g = lane >> 2, tq = lane % 4;
     const uint64_t i0 = uint64_t(blockIdx.y) * TILE_M, j0 = uint64_t(blockIdx.x) * TILE_N;
-    const uint64_t tiles = (p.k + TILE_K - 1) / TILE_K;
-    // Tiles per scale k-block (the launcher ensures block_cols >= k or a multiple of TILE_K).
-    const uint64_t block_tiles = (Scale::BLOCKS && p.block_cols < p.k) ? p.block_cols / TILE_K : tiles;
 
     float acc_f32[FRAG_M][FRAG_N][4], part_f32[FRAG_M][FRAG_N][4];
 #pragma unroll
@@ -143,17 +140,10 @@ MW_DEV void gemm_tc(const LinearParams& p) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc_f32[mt][nt][e] = part_f32[mt][nt][e] = 0.0f;
 
-    Staged<W> staged;
-    staged.load(p, i0, j0, 0);
-    store_split_tiles<W, X_PARTS, W_PARTS<W>>(staged, x_smem[0], w_smem[0]);
-    __syncthreads();
-    for (uint64_t tile = 0; tile < tiles; ++tile) {
-        const int buf = int(tile % 2);
-        const bool more = tile + 1 < tiles;
-        if (more) staged.load(p, i0, j0, (tile + 1) * TILE_K);
+    split_tile_loop<W, Scale, Staged<W>, TILE_K>(p, i0, j0, x_smem, w_smem, [&](int buf, uint64_t tile, bool block_end) {
         if constexpr (Scale::BLOCKS) {
             mma_tile<WP>(x_smem[buf], w_smem[buf], wm, wn, part_f32);
-            if (!more || (tile + 1) % block_tiles == 0) {
+            if (block_end) {
                 // The k-block ends: acc += part * its scale, column by column. The lane's columns
                 // j0 + wn WARP_N + 2 tq + e + MMA_N nt walk the block rows by a cursor (as in
                 // gemm_wg.cu): four divisions per fold, not three per column.
@@ -180,10 +170,7 @@ MW_DEV void gemm_tc(const LinearParams& p) {
         } else {
             mma_tile<WP>(x_smem[buf], w_smem[buf], wm, wn, acc_f32);
         }
-        // The other buffer was last read in the previous step, before the barrier that ended it.
-        if (more) store_split_tiles<W, X_PARTS, W_PARTS<W>>(staged, x_smem[buf ^ 1], w_smem[buf ^ 1]);
-        __syncthreads();
-    }
+    });
 #pragma unroll
     for (int mt = 0; mt < FRAG_M; ++mt)
 #pragma unroll

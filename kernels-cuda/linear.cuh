@@ -274,6 +274,33 @@ MW_DEV void store_split_tiles(const Staged& s, bf16 (*x_smem)[X_ELEMS], bf16 (*w
     }
 }
 
+// The k loop of the split-operand GEMMs (gemm_tc.cu, gemm_mfma.cu) over tiles of TK columns:
+// each thread loads its 16-byte words of the next x and weight tiles into registers (`Staged`, a
+// TileWords) while `step(buf, tile, block_end)` runs the block's products over the shared buffers
+// x_smem[buf], w_smem[buf], then splits / widens them into the other buffer (store_split_tiles),
+// one barrier per tile. block_end: the tile ends a k-block of Scale's block scales (every tile
+// ends one where bc >= k; the launchers ensure bc >= k or a multiple of TK) or is the last.
+template <typename W, typename Scale, typename Staged, int TK, int X_PARTS, int W_PARTS, int X_ELEMS, int W_ELEMS,
+          typename Step>
+MW_DEV void split_tile_loop(const LinearParams& p, uint64_t i0, uint64_t j0, bf16 (*x_smem)[X_PARTS][X_ELEMS],
+                            bf16 (*w_smem)[W_PARTS][W_ELEMS], Step step) {
+    const uint64_t tiles = (p.k + TK - 1) / TK;
+    const uint64_t block_tiles = (Scale::BLOCKS && p.block_cols < p.k) ? p.block_cols / TK : tiles;
+    Staged staged;
+    staged.load(p, i0, j0, 0);
+    store_split_tiles<W, X_PARTS, W_PARTS>(staged, x_smem[0], w_smem[0]);
+    __syncthreads();
+    for (uint64_t tile = 0; tile < tiles; ++tile) {
+        const int buf = int(tile % 2);
+        const bool more = tile + 1 < tiles;
+        if (more) staged.load(p, i0, j0, (tile + 1) * TK);
+        step(buf, tile, !more || (tile + 1) % block_tiles == 0);
+        // The other buffer was last read in the previous step, before the barrier that ended it.
+        if (more) store_split_tiles<W, X_PARTS, W_PARTS>(staged, x_smem[buf ^ 1], w_smem[buf ^ 1]);
+        __syncthreads();
+    }
+}
+
 // y[i][j] = v in y's dtype (round to nearest even).
 MW_DEV void store_y(const LinearParams& p, uint64_t i, uint64_t j, float v) {
     const uint64_t at = i * p.n + j;
