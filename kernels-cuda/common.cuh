@@ -18,6 +18,10 @@
 //   resident blocks per SM (its register cap: 65536 / (max_threads min_blocks)); the SIMT layer
 //   takes it as MW_KERNEL_BOUNDS.
 // - MW_DYNAMIC_SHARED(T, name): a T* to the block's dynamic shared memory (16-byte aligned).
+// - MW_SHARED(T, name): a block's static shared array of type T (`float[16][64]`), 16-byte
+//   aligned: `__shared__` on the GPUs; under the SIMT layer a reference into the block's arrays
+//   (simt.h block_shared: plain `__shared__` there is thread-local storage, which comes out of
+//   every thread's stack, so arrays of more than a few bytes use MW_SHARED).
 // - MW_WARP: threads per warp, a compile-time constant per target (32 on NVIDIA; 64 on CDNA for the
 //   HIP build). Never write a literal 32.
 // - the storage types bf16, f16, e4m3fn, e4m3fnuz, e5m2, e5m2fnuz (raw bits; the fp8 flavour is
@@ -61,6 +65,10 @@ typedef unsigned int mw_lanemask;
 
 #define MW_DEV __device__ __forceinline__
 
+// T itself: lets MW_SHARED name an array type (`float[16][64]`) before the declarator.
+template <typename T>
+using mw_shared_type = T;
+
 #if defined(MEMWALL_SIMT)
 #define MW_KERNEL_BOUNDS(name, Params, max_threads)                                                  \
     static void name##_mw_body(const Params p);                                                      \
@@ -74,6 +82,9 @@ typedef unsigned int mw_lanemask;
 #define MW_KERNEL(name, Params) MW_KERNEL_BOUNDS(name, Params, 0)
 #define MW_KERNEL_OCCUPANCY(name, Params, max_threads, min_blocks) MW_KERNEL_BOUNDS(name, Params, max_threads)
 #define MW_DYNAMIC_SHARED(T, name) T* name = reinterpret_cast<T*>(::mw_simt::dynamic_shared())
+#define MW_SHARED(T, name)                                                                           \
+    static char name##_mw_site;                                                                      \
+    mw_shared_type<T>& name = ::mw_simt::block_shared_ref<mw_shared_type<T>>(&name##_mw_site)
 // Registers each field's offset and size so a Rust test checks its mirror of the struct.
 #define MW_LAYOUT(Struct, ...) MW_SIMT_LAYOUT(Struct, __VA_ARGS__)
 #else
@@ -85,6 +96,7 @@ typedef unsigned int mw_lanemask;
 #define MW_DYNAMIC_SHARED(T, name)                                                                   \
     extern __shared__ __align__(16) unsigned char mw_dynamic_smem[];                                 \
     T* name = reinterpret_cast<T*>(mw_dynamic_smem)
+#define MW_SHARED(T, name) __shared__ __align__(16) mw_shared_type<T> name
 #define MW_LAYOUT(Struct, ...)
 #endif
 

@@ -42,8 +42,8 @@ constexpr int THREAD_N = TILE_N / 16;
 
 template <typename W, typename Scale>
 MW_DEV void gemm(const LinearParams& p) {
-    __shared__ float x_smem[TILE_K][TILE_M];
-    __shared__ float w_smem[TILE_K][TILE_N];
+    MW_SHARED(float[TILE_K][TILE_M], x_smem);
+    MW_SHARED(float[TILE_K][TILE_N], w_smem);
     const int t = threadIdx.x;
     const int tm = t / 16, tn = t % 16;
     const uint64_t i0 = uint64_t(blockIdx.y) * TILE_M, j0 = uint64_t(blockIdx.x) * TILE_N;

@@ -114,8 +114,8 @@ MW_DEV void gemm_mfma(const LinearParams& p) {
     __trap();  // MFMA targets only: runtime/src/gpu/ops/gemm.rs sends gemm_mfma to them alone
 #else
     constexpr int WP = W_PARTS<W>;
-    __shared__ __align__(16) bf16 x_smem[2][X_PARTS][TILE_M * TILE_K];
-    __shared__ __align__(16) bf16 w_smem[2][WP][TILE_N * TILE_K];
+    MW_SHARED(bf16[2][X_PARTS][TILE_M * TILE_K], x_smem);
+    MW_SHARED(bf16[2][WP][TILE_N * TILE_K], w_smem);
     const int lane = threadIdx.x % WAVE, wave = threadIdx.x / WAVE;
     const int wm = wave / WAVES_N, wn = wave % WAVES_N, r16 = lane % 16, k4 = 4 * (lane / 16);
     const uint64_t i0 = uint64_t(blockIdx.y) * TILE_M, j0 = uint64_t(blockIdx.x) * TILE_N;

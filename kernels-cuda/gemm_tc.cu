@@ -126,8 +126,8 @@ MW_DEV void mma_tile(const bf16 (*x_smem)[TILE_M * TILE_K], const bf16 (*w_smem)
 template <typename W, typename Scale>
 MW_DEV void gemm_tc(const LinearParams& p) {
     constexpr int WP = W_PARTS<W>;
-    __shared__ __align__(16) bf16 x_smem[2][X_PARTS][TILE_M * TILE_K];
-    __shared__ __align__(16) bf16 w_smem[2][WP][TILE_N * TILE_K];
+    MW_SHARED(bf16[2][X_PARTS][TILE_M * TILE_K], x_smem);
+    MW_SHARED(bf16[2][WP][TILE_N * TILE_K], w_smem);
     const int lane = threadIdx.x % MW_WARP, warp = threadIdx.x / MW_WARP;
     const int wm = warp / WARPS_N, wn = warp % WARPS_N, g = lane >> 2, tq = lane % 4;
     const uint64_t i0 = uint64_t(blockIdx.y) * TILE_M, j0 = uint64_t(blockIdx.x) * TILE_N;

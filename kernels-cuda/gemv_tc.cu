@@ -226,7 +226,7 @@ MW_DEV void gemv_tc(const GemvTcParams& q) {
     using T = Traits<W>;
     constexpr int H = R / 8;
     const LinearParams& p = q.lin;
-    __shared__ __align__(16) bf16 xs[2][X_PARTS * R * T::ROW];
+    MW_SHARED(bf16[2][X_PARTS * R * T::ROW], xs);
     __shared__ bool last_smem;
     const int lane = threadIdx.x % MW_WARP, warp = threadIdx.x / MW_WARP, g = lane >> 2;
     const uint64_t j0 = uint64_t(blockIdx.x) * FEATURES + warp * (TILES * 16);

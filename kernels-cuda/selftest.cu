@@ -56,7 +56,7 @@ MW_DEV uint64_t global_index() { return linear_block() * block_threads() + linea
 }  // namespace selftest
 
 MW_KERNEL(selftest_reverse_f32, SelftestParams) {
-    __shared__ float buf_smem[selftest::MAX_THREADS];
+    MW_SHARED(float[selftest::MAX_THREADS], buf_smem);
     const unsigned t = selftest::linear_thread(), T = selftest::block_threads();
     const uint64_t g = selftest::global_index();
     float v = g < p.n ? p.in[g] : 0.0f;
@@ -69,8 +69,30 @@ MW_KERNEL(selftest_reverse_f32, SelftestParams) {
     if (g < p.n) p.out[g] = v;
 }
 
+// MW_SHARED arrays: block b of T threads writes to words[3 T b ..]: [t] what thread t reads from
+// `second[t]` before any thread writes it (the poison), [T + t] first[T - 1 - t] and [2 T + t]
+// second[(t + 1) % T] after each thread t stored t + 0.5 and 7 t + b; with arg != 0 it also
+// declares a third array that takes the block past the static shared memory limit.
+MW_KERNEL(selftest_shared_arrays, SelftestParams) {
+    MW_SHARED(float[selftest::MAX_THREADS], first);
+    MW_SHARED(uint32_t[selftest::MAX_THREADS], second);
+    const unsigned t = selftest::linear_thread(), T = selftest::block_threads();
+    const uint64_t at = 3 * T * selftest::linear_block();
+    p.words[at + t] = second[t];
+    __syncthreads();
+    first[t] = float(t) + 0.5f;
+    second[t] = 7 * t + unsigned(selftest::linear_block());
+    __syncthreads();
+    p.words[at + T + t] = __float_as_uint(first[T - 1 - t]);
+    p.words[at + 2 * T + t] = second[(t + 1) % T];
+    if (p.arg) {
+        MW_SHARED(float[16 * 1024], too_many);
+        too_many[t] = 0.0f;
+    }
+}
+
 MW_KERNEL(selftest_reverse_nobarrier_f32, SelftestParams) {
-    __shared__ float buf_smem[selftest::MAX_THREADS];
+    MW_SHARED(float[selftest::MAX_THREADS], buf_smem);
     const unsigned t = selftest::linear_thread(), T = selftest::block_threads();
     const uint64_t g = selftest::global_index();
     buf_smem[t] = g < p.n ? p.in[g] : 0.0f;

@@ -187,6 +187,16 @@ struct Fiber {
 #endif
 };
 
+// One MW_SHARED array of the block running: its declaration's site and its bytes, exactly its
+// size (so AddressSanitizer sees an overflow) and 16-byte aligned.
+struct FreeAligned16 {
+    void operator()(unsigned char* p) const { ::operator delete[](p, std::align_val_t(16)); }
+};
+struct SharedArray {
+    const void* site;
+    std::unique_ptr<unsigned char[], FreeAligned16> bytes;
+};
+
 struct Sched {
     std::vector<std::unique_ptr<Stack>> stacks;
     std::vector<Fiber> fibers;
@@ -211,6 +221,8 @@ struct Sched {
     uint64_t rng = 0;
     size_t dynamic_bytes = 0;
     // the block
+    std::vector<SharedArray> shared_arrays;  // MW_SHARED: placed in the order first reached
+    size_t shared_bytes = 0;
     unsigned arrived = 0;  // barrier: the threads released by the last barrier
     bool failed = false;
     std::string error;
@@ -506,6 +518,8 @@ bool run_block(Sched& s) {
         fiber_init(f);
     }
     if (s.dynamic_bytes) memset(tl_view.dynamic_shared, 0xff, s.dynamic_bytes);
+    s.shared_arrays.clear();
+    s.shared_bytes = 0;
     ++tl_view.block_serial;
     for (;;) {
         order_round(s);
@@ -562,6 +576,23 @@ void fail(const char* fmt, ...) {
     set_error(s, block_name() + " " + thread_name(f) + ": " + msg);
     to_scheduler(s, f, true);
     __builtin_trap();  // a failed fiber is never resumed
+}
+
+void* block_shared(const void* site, size_t bytes) {
+    Sched& s = sched();
+    for (const SharedArray& a : s.shared_arrays) {
+        if (a.site == site) return a.bytes.get();
+    }
+    if (s.shared_bytes + bytes > kMaxStaticShared) {
+        fail("MW_SHARED arrays of %zu bytes in all exceed the %zu bytes of static shared memory",
+             s.shared_bytes + bytes, kMaxStaticShared);
+    }
+    SharedArray a{site, std::unique_ptr<unsigned char[], FreeAligned16>(static_cast<unsigned char*>(
+                            ::operator new[](std::max<size_t>(bytes, 1), std::align_val_t(16))))};
+    memset(a.bytes.get(), 0xff, bytes);
+    s.shared_bytes += bytes;
+    s.shared_arrays.push_back(std::move(a));
+    return s.shared_arrays.back().bytes.get();
 }
 
 int barrier(int predicate) {

@@ -15,7 +15,9 @@
 //   nobody can complete (deadlock), a collective whose mask names a lane that exited, lanes of one
 //   warp waiting at different collectives, __trap(), an invalid shuffle width.
 // - `__shared__` is `static thread_local`: blocks run one at a time on the launching thread, so
-//   one copy per OS thread is one copy per block. Dynamic shared memory (MW_DYNAMIC_SHARED) is a
+//   one copy per OS thread is one copy per block. Kernels declare only scalars and small arrays
+//   that way; arrays go through MW_SHARED (block_shared below), which keeps them off the static
+//   TLS that glibc takes from every thread's stack. Dynamic shared memory (MW_DYNAMIC_SHARED) is a
 //   buffer of exactly the launch's size (so AddressSanitizer sees an overflow), filled with 0xff
 //   (NaN as f32) at the start of every block.
 // - Atomics are plain read-modify-writes: no two fibers ever run at the same time.
@@ -164,6 +166,20 @@ inline dim3 grid_dim() { return tl_view.grid_dim; }
 inline unsigned char* dynamic_shared() { return tl_view.dynamic_shared; }
 inline size_t dynamic_shared_bytes() { return tl_view.dynamic_shared_bytes; }
 inline unsigned long long block_serial() { return tl_view.block_serial; }
+
+// The block's static shared array declared at `site` (MW_SHARED of kernels-cuda/common.cuh), of
+// `bytes` bytes: placed by the first thread of the block to reach the declaration, found by its
+// site by the others, filled with 0xff (NaN as f32) when placed, freed when the next block starts.
+// At most kMaxStaticShared bytes per block, as on the GPUs (48 KB of static shared memory on
+// NVIDIA, 64 KB of LDS on AMD). Not thread-local storage: glibc carves a process's static TLS
+// out of every thread's stack, and the kernels' arrays, one copy per kernel, would leave the
+// threads of the test harness, rayon and NVRTC little of their 2 MiB.
+constexpr size_t kMaxStaticShared = 64 * 1024;
+void* block_shared(const void* site, size_t bytes);
+template <typename T>
+T& block_shared_ref(const void* site) {
+    return *static_cast<T*>(block_shared(site, sizeof(T)));
+}
 
 // Ends the launch with an error naming the block and thread (printf-style message). Never returns.
 [[noreturn]] void fail(const char* fmt, ...) __attribute__((format(printf, 1, 2)));

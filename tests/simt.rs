@@ -307,6 +307,28 @@ fn barrier_orders_shared_memory_under_every_schedule() {
     }
 }
 
+/// MW_SHARED arrays (simt.h block_shared): one per declaration and block, shared by the block's
+/// threads across barriers, each filled with 0xff bytes when the block starts (so blocks never see
+/// each other's values), and more than the static shared memory limit is a launch error.
+#[test]
+fn shared_arrays_are_per_block_poisoned_and_bounded() {
+    for (label, dev) in devices() {
+        let t = 96;
+        let cfg = LaunchCfg::linear(3, t as u32, 0);
+        let case = Case { words: vec![0x1234_5678; 3 * 3 * t], n: 0, ..Case::default() };
+        let got = run(&dev, &label, "selftest_shared_arrays", cfg, &case);
+        let mut want = Vec::new();
+        for b in 0..3u32 {
+            want.extend(std::iter::repeat_n(u32::MAX, t));
+            want.extend((0..t).map(|i| (((t - 1 - i) as f32) + 0.5).to_bits()));
+            want.extend((0..t as u32).map(|i| 7 * ((i + 1) % t as u32) + b));
+        }
+        assert_same(&format!("{label} MW_SHARED"), &got.words, &want);
+        let e = launch_error(&dev, "selftest_shared_arrays", cfg, &Case { arg: 1, ..case });
+        assert!(e.contains("exceed the 65536 bytes of static shared memory"), "{label}: {e:?}");
+    }
+}
+
 /// The evidence that the schedules catch a missing barrier: the same exchange without
 /// `__syncthreads` must give a wrong answer under at least one schedule (here: under all).
 #[test]
@@ -1055,4 +1077,31 @@ fn speed() {
     println!("launch of 256 threads with 10 barriers: {:.1} us", s * 1e6);
     let s = time(LaunchCfg::linear(1, 256, 0), 0, 200);
     println!("launch of 256 threads, no barrier: {:.1} us", s * 1e6);
+}
+
+/// The process's static thread-local storage (the PT_TLS segment of this test binary, which links
+/// every SIMT image) stays small. glibc carves it out of every thread's stack, and Rust's threads
+/// get 2 MiB (or the TLS size plus a little, when that is larger), so TLS near 2 MiB leaves the
+/// test harness's, rayon's and NVRTC's threads almost no stack. It reached 2.4 MiB when the
+/// kernels' shared arrays were `static thread_local` (one copy per kernel); MW_SHARED keeps them
+/// in per-block allocations (simt.h block_shared), and this holds the line.
+#[test]
+fn static_tls_stays_small() {
+    let exe = std::fs::read("/proc/self/exe").expect("read /proc/self/exe");
+    assert_eq!(&exe[..4], b"\x7fELF");
+    assert_eq!(exe[4], 2, "a 64-bit ELF");
+    let u16_at = |o: usize| u16::from_le_bytes(exe[o..o + 2].try_into().unwrap()) as usize;
+    let u64_at = |o: usize| u64::from_le_bytes(exe[o..o + 8].try_into().unwrap());
+    let (phoff, phentsize, phnum) = (u64_at(0x20) as usize, u16_at(0x36), u16_at(0x38));
+    const PT_TLS: u32 = 7;
+    let tls: u64 = (0..phnum)
+        .map(|i| phoff + i * phentsize)
+        .filter(|&ph| u32::from_le_bytes(exe[ph..ph + 4].try_into().unwrap()) == PT_TLS)
+        .map(|ph| u64_at(ph + 0x28))
+        .sum();
+    assert!(tls > 0, "the SIMT layer's thread-local scheduler is in the PT_TLS segment");
+    assert!(
+        tls <= 256 << 10,
+        "{tls} bytes of static TLS: a kernel declares a large `__shared__` array (use MW_SHARED)"
+    );
 }

@@ -58,12 +58,6 @@ fn check(file: &str, what: &str, r: sys::nvrtcResult) -> Result<()> {
     Err(err(file, format!("{what}: {name}")))
 }
 
-/// Stack of the thread an NVRTC compile runs on. NVRTC's compiler recurses deeply on the larger
-/// kernel files: one compile overflowed the 2 MiB a spawned Rust thread gets (tests/cuda_nvrtc.rs
-/// compiles the files on a thread each) and passed with 3 MiB; 64 MiB is reserved address space,
-/// committed only as touched.
-const NVRTC_STACK_BYTES: usize = 64 << 20;
-
 /// Compiles `file` (a `.cu` of `sources`) into a cubin for `target` (`sm_90a`); the compile log
 /// is in the error.
 pub fn compile(sources: &[KernelSource], file: &str, target: &str) -> Result<Vec<u8>> {
@@ -99,31 +93,10 @@ pub fn compile(sources: &[KernelSource], file: &str, target: &str) -> Result<Vec
         .into_iter()
         .map(|o| CString::new(o).expect("options hold no NUL"))
         .collect();
-    // The compile runs on a thread of its own with NVRTC_STACK_BYTES of stack, whatever thread
-    // calls; the program and the options cross to it as addresses (raw pointers are not Send).
-    let prog_addr = prog.0 as usize;
-    let option_addrs: Vec<usize> = options.iter().map(|o| o.as_ptr() as usize).collect();
-    let compiled = std::thread::scope(|s| {
-        std::thread::Builder::new()
-            .name("memwall-nvrtc".into())
-            .stack_size(NVRTC_STACK_BYTES)
-            .spawn_scoped(s, || {
-                let option_ptrs: Vec<*const c_char> =
-                    option_addrs.iter().map(|&a| a as *const c_char).collect();
-                // SAFETY: `prog` is live until `compile` returns, after this thread ends; the
-                // options are live NUL-terminated strings (`options` outlives the scope).
-                unsafe {
-                    sys::nvrtcCompileProgram(
-                        prog_addr as sys::nvrtcProgram,
-                        option_ptrs.len() as i32,
-                        option_ptrs.as_ptr(),
-                    )
-                }
-            })
-            .map_err(|e| err(file, format!("cannot start the compile thread: {e}")))?
-            .join()
-            .map_err(|_| err(file, "the compile thread panicked"))
-    })?;
+    let option_ptrs: Vec<*const c_char> = options.iter().map(|o| o.as_ptr()).collect();
+    // SAFETY: `prog` is live; the options are live NUL-terminated strings.
+    let compiled =
+        unsafe { sys::nvrtcCompileProgram(prog.0, option_ptrs.len() as i32, option_ptrs.as_ptr()) };
     if compiled != sys::nvrtcResult::NVRTC_SUCCESS {
         let log = program_log(&prog).unwrap_or_default();
         check(file, &format!("compile for {target}:\n{log}"), compiled)?;
