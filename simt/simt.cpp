@@ -187,14 +187,16 @@ struct Fiber {
 #endif
 };
 
-// One MW_SHARED array of the block running: its declaration's site and its bytes, exactly its
-// size (so AddressSanitizer sees an overflow) and 16-byte aligned.
-struct FreeAligned16 {
+// Frees a 16-byte aligned `new[]` (dynamic shared memory, MW_SHARED arrays).
+struct FreeAligned {
     void operator()(unsigned char* p) const { ::operator delete[](p, std::align_val_t(16)); }
 };
+
+// One MW_SHARED array of the block running: its declaration's site and its bytes, exactly its
+// size (so AddressSanitizer sees an overflow) and 16-byte aligned.
 struct SharedArray {
     const void* site;
-    std::unique_ptr<unsigned char[], FreeAligned16> bytes;
+    std::unique_ptr<unsigned char[], FreeAligned> bytes;
 };
 
 struct Sched {
@@ -587,7 +589,7 @@ void* block_shared(const void* site, size_t bytes) {
         fail("MW_SHARED arrays of %zu bytes in all exceed the %zu bytes of static shared memory",
              s.shared_bytes + bytes, kMaxStaticShared);
     }
-    SharedArray a{site, std::unique_ptr<unsigned char[], FreeAligned16>(static_cast<unsigned char*>(
+    SharedArray a{site, std::unique_ptr<unsigned char[], FreeAligned>(static_cast<unsigned char*>(
                             ::operator new[](std::max<size_t>(bytes, 1), std::align_val_t(16))))};
     memset(a.bytes.get(), 0xff, bytes);
     s.shared_bytes += bytes;
@@ -675,10 +677,6 @@ std::string check_launch(const Kernel& k, const uint32_t grid[3], const uint32_t
     }
     return {};
 }
-
-struct FreeAligned {
-    void operator()(unsigned char* p) const { ::operator delete[](p, std::align_val_t(16)); }
-};
 
 std::string launch(const Kernel& k, const uint32_t grid[3], const uint32_t block[3], uint32_t dynamic_bytes,
                    const void* params, uint64_t schedule) {
