@@ -26,8 +26,9 @@
 // ...); WAVES_M x WAVES_N wavefronts of 64 lanes, each a WAVE_M x WAVE_N tile of FRAG_M x FRAG_N
 // 16 x 16 f32 accumulators. Staging is gemm_tc.cu's: per TILE_K step every thread loads its
 // 16-byte words of the next x and weight tiles into registers while the wavefronts run the MFMAs
-// over the current shared tiles, then splits / widens them into the other shared buffer
-// (linear.cuh's store_split_tiles, swizzled32 layout), one barrier per step. The MFMA's A operand
+// over the current shared tiles, then splits / widens them into the other shared buffer, one
+// barrier per step (linear.cuh's split_tile_loop and store_split_tiles; swizzled32 tiles,
+// MW_SHARED). The MFMA's A operand
 // is a 16-row slice of the weight parts and B a 16-row slice of x's parts, transposed: lane l
 // reads A[l % 16][4 (l / 16) + e] = W[j][l'] and B[4 (l / 16) + e][l % 16] = x[i][l'], so both are
 // one 8-byte read of four consecutive k from row l % 16 of a shared tile, and the lane's four
