@@ -63,13 +63,10 @@ constexpr int WAVE_N = TILE_N / WAVES_N;
 constexpr int MFMA = 16;  // M = N = K of the instruction
 constexpr int FRAG_M = WAVE_M / MFMA;
 constexpr int FRAG_N = WAVE_N / MFMA;
-constexpr int X_PARTS = 3;
 static_assert(TILE_K == SWIZZLE_COLS, "shared tiles of linear.cuh's swizzled32 layout");
 
 template <typename W>
 using Staged = TileWords<W, TILE_M, TILE_N, TILE_K, THREADS>;
-template <typename W>
-constexpr int W_PARTS = IS_F16<W> ? 2 : 1;
 
 // Four consecutive k from row `row` of a swizzled32 tile (`col` a multiple of 4): one 8-byte read.
 MW_DEV void read4(const bf16* tile, int row, int col, uint32_t (&r)[2]) {
@@ -135,24 +132,17 @@ MW_DEV void gemm_mfma(const LinearParams& p) {
         if constexpr (Scale::BLOCKS) {
             mfma_tile<WP>(x_smem[buf], w_smem[buf], wm, wn, part);
             if (block_end) {
-                // The k-block ends: acc += part * its scale, output column by column; the lane's
-                // columns j_lane + e + 16 nt walk the block rows by a cursor.
-                const uint32_t grid_cols = Scale::grid_cols(p), block_col = uint32_t(tile * TILE_K) / p.block_cols;
+                // The k-block ends: acc += part * its scale, output column by column: the lane's
+                // columns j_lane + e + 16 nt.
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    ChunkColumns rows(uint32_t(j_lane) + e, p.block_rows, MFMA);
-#pragma unroll
-                    for (int nt = 0; nt < FRAG_N; ++nt) {
-                        const uint64_t j = j_lane + nt * MFMA + e;
-                        const void* row = Scale::block_row(p.scales, rows.col, grid_cols);
-                        const float s = j < p.n ? Scale::in_row(row, block_col) : 0.0f;
+                    for_each_column_scale<Scale, FRAG_N>(p, j_lane + e, MFMA, tile * TILE_K, [&](int nt, float s) {
 #pragma unroll
                         for (int mt = 0; mt < FRAG_M; ++mt) {
                             acc[nt][mt][e] += part[nt][mt][e] * s;
                             part[nt][mt][e] = 0.0f;
                         }
-                        rows.advance();
-                    }
+                    });
                 }
             }
         } else {

@@ -71,15 +71,11 @@ constexpr int WARP_N = TILE_N / WARPS_N;
 constexpr int MMA_M = 16, MMA_N = 8, MMA_K = 16;
 constexpr int FRAG_M = WARP_M / MMA_M;
 constexpr int FRAG_N = WARP_N / MMA_N;
-constexpr int X_PARTS = 3;
 static_assert(TILE_K == SWIZZLE_COLS, "shared tiles of linear.cuh's swizzled32 layout");
 static_assert(FRAG_N % 2 == 0, "one ldmatrix_x4 yields two n8 B fragments");
 
 template <typename W>
 using Staged = TileWords<W, TILE_M, TILE_N, TILE_K, THREADS>;
-// bf16 parts per weight element: f16 = bf16 hi + bf16 lo exactly; bf16 and fp8 are bf16 values.
-template <typename W>
-constexpr int W_PARTS = IS_F16<W> ? 2 : 1;
 
 // sum += the warp's part of x_tile . w_tile^T over one TILE_K step.
 template <int W_PARTS>
@@ -144,18 +140,12 @@ MW_DEV void gemm_tc(const LinearParams& p) {
         if constexpr (Scale::BLOCKS) {
             mma_tile<WP>(x_smem[buf], w_smem[buf], wm, wn, part_f32);
             if (block_end) {
-                // The k-block ends: acc += part * its scale, column by column. The lane's columns
-                // j0 + wn WARP_N + 2 tq + e + MMA_N nt walk the block rows by a cursor (as in
-                // gemm_wg.cu): four divisions per fold, not three per column.
-                const uint32_t grid_cols = Scale::grid_cols(p), block_col = uint32_t(tile * TILE_K) / p.block_cols;
+                // The k-block ends: acc += part * its scale, column by column: the lane's
+                // columns j0 + wn WARP_N + 2 tq + e + MMA_N nt.
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    ChunkColumns rows(uint32_t(j0) + wn * WARP_N + 2 * tq + e, p.block_rows, MMA_N);
-#pragma unroll
-                    for (int nt = 0; nt < FRAG_N; ++nt) {
-                        const uint64_t j = j0 + wn * WARP_N + nt * MMA_N + 2 * tq + e;
-                        const void* row = Scale::block_row(p.scales, rows.col, grid_cols);
-                        const float s = j < p.n ? Scale::in_row(row, block_col) : 0.0f;
+                    const uint64_t first = j0 + wn * WARP_N + 2 * tq + e;
+                    for_each_column_scale<Scale, FRAG_N>(p, first, MMA_N, tile * TILE_K, [&](int nt, float s) {
 #pragma unroll
                         for (int mt = 0; mt < FRAG_M; ++mt)
 #pragma unroll
@@ -163,8 +153,7 @@ MW_DEV void gemm_tc(const LinearParams& p) {
                                 acc_f32[mt][nt][2 * h + e] += part_f32[mt][nt][2 * h + e] * s;
                                 part_f32[mt][nt][2 * h + e] = 0.0f;
                             }
-                        rows.advance();
-                    }
+                    });
                 }
             }
         } else {

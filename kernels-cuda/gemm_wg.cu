@@ -49,14 +49,11 @@ constexpr int THREADS = WARPGROUPS * 4 * MW_WARP;
 constexpr int TILE_M = 64 * WARPGROUPS;
 constexpr int TILE_N = mw::WGMMA_N;
 constexpr int TILE_K = 32;
-constexpr int X_PARTS = 3;
 constexpr int CHUNK = 8;  // bf16 per core-matrix row (16 bytes)
 static_assert(TILE_K == SWIZZLE_COLS, "x tiles of linear.cuh's swizzled32 layout");
 
 template <typename W>
 using Staged = TileWords<W, TILE_M, TILE_N, TILE_K, THREADS>;
-template <typename W>
-constexpr int W_PARTS = IS_F16<W> ? 2 : 1;
 template <typename W>
 constexpr int SHARED_BYTES = 2 * (W_PARTS<W> * TILE_N + X_PARTS * TILE_M) * TILE_K * 2;
 static_assert(SHARED_BYTES<bf16> == 64 * 1024 && SHARED_BYTES<f16> == 80 * 1024,
@@ -171,22 +168,14 @@ MW_DEV void gemm_wg(const LinearParams& p) {
         if constexpr (Scale::BLOCKS) {
             mw::wgmma_fence_operand(part);
             if (block_end) {
-                // The k-block ends: acc += part * its scale, column by column. The lane's columns
-                // j0 + 2 tq + e + 8 c walk the block rows by a cursor: four divisions per fold,
-                // not three per column.
-                const uint32_t grid_cols = Scale::grid_cols(p), block_col = uint32_t(tile * TILE_K) / p.block_cols;
+                // The k-block ends: acc += part * its scale, column by column: the lane's
+                // columns j0 + 2 tq + e + 8 c.
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    ChunkColumns rows(uint32_t(j0) + 2 * tq + e, p.block_rows, 8);
-#pragma unroll
-                    for (int c = 0; c < TILE_N / 8; ++c) {
-                        const uint64_t j = j0 + 8 * c + 2 * tq + e;
-                        const void* row = Scale::block_row(p.scales, rows.col, grid_cols);
-                        const float s = j < p.n ? Scale::in_row(row, block_col) : 0.0f;
+                    for_each_column_scale<Scale, TILE_N / 8>(p, j0 + 2 * tq + e, 8, tile * TILE_K, [&](int c, float s) {
                         acc[4 * c + e] += part[4 * c + e] * s;
                         acc[4 * c + 2 + e] += part[4 * c + 2 + e] * s;
-                        rows.advance();
-                    }
+                    });
                 }
             }
         } else {

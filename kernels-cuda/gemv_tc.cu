@@ -70,7 +70,6 @@ constexpr int THREADS = WARPS * MW_WARP;
 constexpr int TILES = 2;                      // m16 tiles of output features per warp
 constexpr int FEATURES = WARPS * TILES * 16;  // output features per block
 constexpr int TILE_K = 128;                   // columns of x per shared buffer
-constexpr int X_PARTS = 3;
 
 // Per weight dtype: a lane's columns of a row per step (one 16-byte word: VEC), the step (four
 // lanes' words: 64 columns of fp8, 32 of 16-bit; VEC / 4 m16n8k16 slices), the shared row of x

@@ -157,6 +157,12 @@ constexpr bool IS_F16 = false;
 template <>
 constexpr bool IS_F16<f16> = true;
 
+// The tensor-core kernels' exact bf16 operands: x in X_PARTS parts (split_x2), a weight of type W
+// in W_PARTS<W> (f16 = bf16 hi + bf16 lo exactly; bf16 and fp8 are bf16 values).
+constexpr int X_PARTS = 3;
+template <typename W>
+constexpr int W_PARTS = IS_F16<W> ? 2 : 1;
+
 // The tensor-core GEMMs' shared tiles of SWIZZLE_COLS bf16 columns (gemm_tc.cu, gemm_wg.cu): the
 // element offset of (row, col) in a [rows][32] tile whose four 16-byte chunks per row are
 // XOR-swizzled by (row / 2) % 4, so the eight 16-byte rows an ldmatrix phase reads lie in
@@ -245,11 +251,10 @@ struct TileWords {
 
 // Splits / widens staged words `s` (a TileWords over [rows][SWIZZLE_COLS] tiles) into shared
 // tiles in the swizzled32 layout: x's X_PARTS bf16 parts into x_smem[0..X_PARTS) (split_x4) and the
-// weight's W_PARTS parts into w_smem[0..W_PARTS) (the value as bf16, exact but for f16, whose
+// weight's W_PARTS<W> parts into w_smem[0..W_PARTS<W>) (the value as bf16, exact but for f16, whose
 // remainder is the second part). gemm_tc.cu and gemm_mfma.cu.
-template <typename W, int X_PARTS, int W_PARTS, typename Staged, int X_ELEMS, int W_ELEMS>
+template <typename W, typename Staged, int X_ELEMS, int W_ELEMS>
 MW_DEV void store_split_tiles(const Staged& s, bf16 (*x_smem)[X_ELEMS], bf16 (*w_smem)[W_ELEMS]) {
-    static_assert(W_PARTS == (IS_F16<W> ? 2 : 1), "f16 weights take two bf16 parts, the others one");
 #pragma unroll
     for (int r = 0; r < Staged::X_WORDS; ++r) {
         const int at = swizzled32(Staged::x_row(r), Staged::x_col(r));  // 4 columns in one chunk
@@ -267,10 +272,26 @@ MW_DEV void store_split_tiles(const Staged& s, bf16 (*x_smem)[X_ELEMS], bf16 (*w
             const bf16 hi = mw::from_f32<bf16>(w);  // exact unless W is f16
             const int at = swizzled32(row, col + e);
             w_smem[0][at] = hi;
-            if constexpr (W_PARTS == 2) {
+            if constexpr (W_PARTS<W> == 2) {
                 w_smem[1][at] = mw::from_f32<bf16>(finite(w) ? w - mw::to_f32(hi) : 0.0f);
             }
         }
+    }
+}
+
+// The block scales of a lane's output columns first + step c (c < COLS) for the k-block holding
+// column l: apply(c, s), s = 0 for a column beyond n. The block rows advance by a cursor: four
+// divisions per call, not three per column. The tensor-core GEMMs' folds of a k-block's sums
+// (gemm_tc.cu, gemm_wg.cu, gemm_mfma.cu) call it once per fragment column offset.
+template <typename Scale, int COLS, typename Apply>
+MW_DEV void for_each_column_scale(const LinearParams& p, uint64_t first, uint32_t step, uint64_t l, Apply apply) {
+    const uint32_t grid_cols = Scale::grid_cols(p), block_col = uint32_t(l) / p.block_cols;
+    ChunkColumns rows(uint32_t(first), p.block_rows, step);
+#pragma unroll
+    for (int c = 0; c < COLS; ++c) {
+        const void* row = Scale::block_row(p.scales, rows.col, grid_cols);
+        apply(c, first + uint64_t(c) * step < p.n ? Scale::in_row(row, block_col) : 0.0f);
+        rows.advance();
     }
 }
 
@@ -280,15 +301,14 @@ MW_DEV void store_split_tiles(const Staged& s, bf16 (*x_smem)[X_ELEMS], bf16 (*w
 // x_smem[buf], w_smem[buf], then splits / widens them into the other buffer (store_split_tiles),
 // one barrier per tile. block_end: the tile ends a k-block of Scale's block scales (every tile
 // ends one where bc >= k; the launchers ensure bc >= k or a multiple of TK) or is the last.
-template <typename W, typename Scale, typename Staged, int TK, int X_PARTS, int W_PARTS, int X_ELEMS, int W_ELEMS,
-          typename Step>
+template <typename W, typename Scale, typename Staged, int TK, int X_ELEMS, int W_ELEMS, typename Step>
 MW_DEV void split_tile_loop(const LinearParams& p, uint64_t i0, uint64_t j0, bf16 (*x_smem)[X_PARTS][X_ELEMS],
-                            bf16 (*w_smem)[W_PARTS][W_ELEMS], Step step) {
+                            bf16 (*w_smem)[W_PARTS<W>][W_ELEMS], Step step) {
     const uint64_t tiles = (p.k + TK - 1) / TK;
     const uint64_t block_tiles = (Scale::BLOCKS && p.block_cols < p.k) ? p.block_cols / TK : tiles;
     Staged staged;
     staged.load(p, i0, j0, 0);
-    store_split_tiles<W, X_PARTS, W_PARTS>(staged, x_smem[0], w_smem[0]);
+    store_split_tiles<W>(staged, x_smem[0], w_smem[0]);
     __syncthreads();
     for (uint64_t tile = 0; tile < tiles; ++tile) {
         const int buf = int(tile % 2);
@@ -296,7 +316,7 @@ MW_DEV void split_tile_loop(const LinearParams& p, uint64_t i0, uint64_t j0, bf1
         if (more) staged.load(p, i0, j0, (tile + 1) * TK);
         step(buf, tile, !more || (tile + 1) % block_tiles == 0);
         // The other buffer was last read in the previous step, before the barrier that ended it.
-        if (more) store_split_tiles<W, X_PARTS, W_PARTS>(staged, x_smem[buf ^ 1], w_smem[buf ^ 1]);
+        if (more) store_split_tiles<W>(staged, x_smem[buf ^ 1], w_smem[buf ^ 1]);
         __syncthreads();
     }
 }
@@ -325,9 +345,9 @@ MW_DEV void store_y(const LinearParams& p, uint64_t i, uint64_t j, float v) {
     INSTANTIATE(e5m2, e5m2, KIND)                                                                    \
     INSTANTIATE(e5m2fnuz, e5m2fnuz, KIND)
 
-// The kernels of the tensor-core files (gemm_tc.cu, gemv_tc.cu, gemm_wg.cu): every float weight
-// type but f32 x {plain, block f32 scales, block bf16 scales}: INSTANTIATE(suffix, W, Scale, sname),
-// sname the kernel name's scale suffix (empty, _block_f32, _block_bf16).
+// The kernels of the tensor-core files (gemm_tc.cu, gemv_tc.cu, gemm_wg.cu, gemm_mfma.cu): every
+// float weight type but f32 x {plain, block f32 scales, block bf16 scales}: INSTANTIATE(suffix, W,
+// Scale, sname), sname the kernel name's scale suffix (empty, _block_f32, _block_bf16).
 #define MW_LINEAR_TC_SCALES(wname, W, INSTANTIATE)                                                   \
     INSTANTIATE(wname, W, mw_linear::NoBlocks, )                                                     \
     INSTANTIATE(wname, W, mw_linear::Blocks<float>, _block_f32)                                      \
