@@ -263,10 +263,17 @@ MW_DEV void to_f32x4<e5m2fnuz>(uint32_t word, float (&out)[4]) {
 template <typename T> MW_DEV T from_f32(float f);
 template <> MW_DEV float from_f32<float>(float f) { return f; }
 template <> MW_DEV bf16 from_f32<bf16>(float f) {
-    uint32_t u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{uint16_t((u >> 16) | 0x40u)};  // quiet NaN
-    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-    return bf16{uint16_t(u >> 16)};
+    const uint32_t u = __float_as_uint(f);
+    const uint32_t quiet = (u >> 16) | 0x40u;  // NaN: quiet, sign kept
+#if defined(__CUDA_ARCH__)
+    if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{uint16_t(quiet)};
+    return bf16{uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};  // round to nearest even
+#else
+    // A select: clang for AMD masks the wavefront around each side of the branch above (about a
+    // third of gemv_mfma's tile loop was such masking); nvcc's code for the select was longer.
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return bf16{uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded)};
+#endif
 }
 template <> MW_DEV f16 from_f32<f16>(float f) {
 #if defined(__CUDA_ARCH__)

@@ -43,8 +43,9 @@
 // (a multiple of TILE_K, and of bc for block scales, so k-blocks never straddle a split). With
 // splits > 1 each block writes its sums to partials[split][i][j], and the last block of its
 // features to arrive (an atomic counter per bx, returned to zero) adds the splits' sums in split
-// order and stores y: deterministic whichever block arrives last. The partials cost 8 splits m /
-// (k sizeof(w)) of the weight traffic; the launcher keeps that at or below a quarter.
+// order and stores y: deterministic whichever block arrives last (linear.cuh's
+// finish_split_gemv, shared with gemv_mfma.cu). The partials cost 8 splits m / (k sizeof(w)) of
+// the weight traffic; the launcher keeps that at or below a quarter.
 //
 // Accuracy: each output is a sum of X_PARTS W_PARTS k exact products (W_PARTS = 2 for f16: w_hi +
 // w_lo, as gemm_tc.cu) in f32 by the mma, then k-block scaling (ceil(k / bc) + 1 roundings) and
@@ -129,40 +130,9 @@ MW_DEV void load_step(const LinearParams& p, const LaneRows<W>& rows, uint64_t l
                                                       : Words{{0, 0, 0, 0}};
 }
 
-// x tile words per thread: R rows x TILE_K columns of f32.
+// The x tile of R tokens, staged in registers by the block's threads (linear.cuh).
 template <int R>
-struct XStage {
-    static constexpr int WORDS = R * TILE_K / 4 / THREADS;
-    static_assert(WORDS * 4 * THREADS == R * TILE_K, "x tile in whole words per thread");
-    Words x[WORDS];
-};
-
-// Loads x[0 .. R)[l0 .. l0 + TILE_K) (zero beyond m and k; k is a multiple of 4 here).
-template <int R>
-MW_DEV void load_x(const LinearParams& p, uint64_t l0, XStage<R>& s) {
-#pragma unroll
-    for (int r = 0; r < XStage<R>::WORDS; ++r) {
-        const int c = threadIdx.x + r * THREADS, row = c / (TILE_K / 4), col = (c % (TILE_K / 4)) * 4;
-        const uint64_t l = l0 + col;
-        s.x[r] = (uint64_t(row) < p.m && l < p.k) ? *reinterpret_cast<const Words*>(p.x + row * p.k + l)
-                                                  : Words{{0, 0, 0, 0}};
-    }
-}
-
-// Splits the staged words into the three bf16 parts of a shared buffer [part][R][ROW]:
-// h = bf16(x), m = bf16(x - h), l = bf16(x - h - m) (gemm_tc.cu: within 2^-24 |x|).
-template <typename W, int R>
-MW_DEV void store_x(const XStage<R>& s, bf16* xs) {
-    constexpr int ROW = Traits<W>::ROW;
-#pragma unroll
-    for (int r = 0; r < XStage<R>::WORDS; ++r) {
-        const int c = threadIdx.x + r * THREADS, row = c / (TILE_K / 4), col = (c % (TILE_K / 4)) * 4;
-        Pair parts[X_PARTS];
-        split_x4(s.x[r], parts);
-#pragma unroll
-        for (int q = 0; q < X_PARTS; ++q) *reinterpret_cast<Pair*>(xs + (q * R + row) * ROW + col) = parts[q];
-    }
-}
+using XStage = StagedX<R, TILE_K, THREADS>;
 
 // sums += the warp's features x the R tokens over one step: columns col .. col + STEP_K of the
 // shared x buffer xs, the lane's weight words w.
@@ -204,21 +174,28 @@ MW_DEV void mma_step(const bf16* xs, int col, const StepWords& w, float (&sums)[
     }
 }
 
-// f(i, j, acc[mt][h][e]) for each of the lane's sums inside y: feature j = j0 + 16 mt + g +
-// 8 (e / 2), token i = 8 h + 2 t + e % 2 (the mma's C fragments, features as rows).
-template <int H, typename F>
-MW_DEV void for_each_sum(const LinearParams& p, uint64_t j0, const float (&acc)[TILES][H][4], F&& f) {
-    const int lane = threadIdx.x % MW_WARP, g = lane >> 2, t = lane % 4;
+// The lane's sums for linear.cuh's finish_split_gemv: f(i, j, acc[mt][h][e]) for each inside y,
+// feature j = j0 + 16 mt + g + 8 (e / 2), token i = 8 h + 2 t + e % 2 (the mma's C fragments,
+// features as rows).
+template <int H>
+struct LaneSums {
+    const LinearParams& p;
+    uint64_t j0;
+    const float (&acc)[TILES][H][4];
+    template <typename F>
+    MW_DEV void operator()(F&& f) const {
+        const int lane = threadIdx.x % MW_WARP, g = lane >> 2, t = lane % 4;
 #pragma unroll
-    for (int mt = 0; mt < TILES; ++mt)
+        for (int mt = 0; mt < TILES; ++mt)
 #pragma unroll
-        for (int h = 0; h < H; ++h)
+            for (int h = 0; h < H; ++h)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const uint64_t i = 8 * h + 2 * t + e % 2, j = j0 + mt * 16 + g + 8 * (e / 2);
-                if (i < p.m && j < p.n) f(i, j, acc[mt][h][e]);
-            }
-}
+                for (int e = 0; e < 4; ++e) {
+                    const uint64_t i = 8 * h + 2 * t + e % 2, j = j0 + mt * 16 + g + 8 * (e / 2);
+                    if (i < p.m && j < p.n) f(i, j, acc[mt][h][e]);
+                }
+    }
+};
 
 template <typename W, typename Scale, int R>
 MW_DEV void gemv_tc(const GemvTcParams& q) {
@@ -226,7 +203,6 @@ MW_DEV void gemv_tc(const GemvTcParams& q) {
     constexpr int H = R / 8;
     const LinearParams& p = q.lin;
     MW_SHARED(bf16[2][X_PARTS * R * T::ROW], xs);
-    __shared__ bool last_smem;
     const int lane = threadIdx.x % MW_WARP, warp = threadIdx.x / MW_WARP, g = lane >> 2;
     const uint64_t j0 = uint64_t(blockIdx.x) * FEATURES + warp * (TILES * 16);
     const uint64_t l_begin = uint64_t(blockIdx.y) * q.split_cols;
@@ -245,10 +221,10 @@ MW_DEV void gemv_tc(const GemvTcParams& q) {
 
     XStage<R> staged;
     StepWords w[2];
-    load_x<R>(p, l_begin, staged);
+    staged.load(p, l_begin);
     const LaneRows<W> rows(p, j0);
     load_step<W>(p, rows, l_begin, w[0]);
-    store_x<W, R>(staged, xs[0]);
+    staged.template store<T::ROW>(xs[0]);
     __syncthreads();
     const uint64_t tiles = (l_end - l_begin + TILE_K - 1) / TILE_K;
     uint32_t in_block = 0;  // columns of the current k-block done
@@ -270,7 +246,7 @@ MW_DEV void gemv_tc(const GemvTcParams& q) {
         const int buf = int(tile % 2);
         const uint64_t l0 = l_begin + tile * TILE_K;
         const bool more = tile + 1 < tiles;
-        if (more) load_x<R>(p, l0 + TILE_K, staged);
+        if (more) staged.load(p, l0 + TILE_K);
 #pragma unroll
         for (int s = 0; s < T::STEPS; ++s) {
             const uint64_t l = l0 + s * T::STEP_K;
@@ -303,31 +279,11 @@ MW_DEV void gemv_tc(const GemvTcParams& q) {
             }
         }
         // The other buffer was last read in the previous tile, before the barrier that ended it.
-        if (more) store_x<W, R>(staged, xs[buf ^ 1]);
+        if (more) staged.template store<T::ROW>(xs[buf ^ 1]);
         __syncthreads();
     }
 
-    const float scale = Scale::BLOCKS ? 1.0f : p.scale;
-    if (q.splits <= 1) {
-        for_each_sum(p, j0, acc, [&](uint64_t i, uint64_t j, float v) { store_y(p, i, j, v * scale); });
-        return;
-    }
-    for_each_sum(p, j0, acc, [&](uint64_t i, uint64_t j, float v) {
-        q.partials[(uint64_t(blockIdx.y) * p.m + i) * p.n + j] = v;
-    });
-    // The last block of these features to arrive adds the splits in order.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last_smem = atomicAdd(q.arrivals + blockIdx.x, 1u) + 1u == q.splits;
-    __syncthreads();
-    if (!last_smem) return;
-    __threadfence();
-    for_each_sum(p, j0, acc, [&](uint64_t i, uint64_t j, float) {
-        float v = 0.0f;
-        for (uint32_t s = 0; s < q.splits; ++s) v += __ldcg(q.partials + (uint64_t(s) * p.m + i) * p.n + j);
-        store_y(p, i, j, v * scale);
-    });
-    if (threadIdx.x == 0) atomicExch(q.arrivals + blockIdx.x, 0u);  // ready for the next launch
+    finish_split_gemv(q, Scale::BLOCKS ? 1.0f : p.scale, LaneSums<H>{p, j0, acc});
 }
 
 }  // namespace mw_gemv_tc

@@ -333,6 +333,72 @@ MW_DEV void store_y(const LinearParams& p, uint64_t i, uint64_t j, float v) {
     }
 }
 
+// The batched tensor-core GEMVs' x tile (gemv_tc.cu, gemv_mfma.cu): rows [0, R) and columns
+// [l0, l0 + TK) of the f32 x, loaded into registers by THREADS threads, whole 16-byte words each
+// (word r of a thread is c = threadIdx.x + r THREADS: row c / (TK / 4), column 4 (c % (TK / 4))),
+// while the block works on the other shared buffer; then split into the three bf16 parts of a
+// shared buffer [part][R][ROW].
+template <int R, int TK, int THREADS>
+struct StagedX {
+    static constexpr int WORDS = R * TK / 4 / THREADS;
+    static_assert(WORDS * 4 * THREADS == R * TK, "x tile in whole words per thread");
+    Words x[WORDS];
+
+    MW_DEV static int row(int r) { return int(threadIdx.x + r * THREADS) / (TK / 4); }
+    MW_DEV static int col(int r) { return int(threadIdx.x + r * THREADS) % (TK / 4) * 4; }
+
+    // x[0 .. R)[l0 .. l0 + TK), zero beyond m and k (k is a multiple of 4 here).
+    MW_DEV void load(const LinearParams& p, uint64_t l0) {
+#pragma unroll
+        for (int r = 0; r < WORDS; ++r) {
+            const uint64_t i = uint64_t(row(r)), l = l0 + col(r);
+            x[r] = (i < p.m && l < p.k) ? *reinterpret_cast<const Words*>(p.x + i * p.k + l) : Words{{0, 0, 0, 0}};
+        }
+    }
+
+    // h = bf16(x), m = bf16(x - h), l = bf16(x - h - m) (split_x4) into xs [X_PARTS][R][ROW].
+    template <int ROW>
+    MW_DEV void store(bf16* xs) const {
+#pragma unroll
+        for (int r = 0; r < WORDS; ++r) {
+            Pair parts[X_PARTS];
+            split_x4(x[r], parts);
+#pragma unroll
+            for (int q = 0; q < X_PARTS; ++q)
+                *reinterpret_cast<Pair*>(xs + (q * R + row(r)) * ROW + col(r)) = parts[q];
+        }
+    }
+};
+
+// The end of the split-K batched GEMVs (gemv_tc.cu, gemv_mfma.cu): `sums(f)` calls f(i, j, v)
+// for each of the thread's sums inside y (token i, feature j; a functor of the kernel's fragment
+// layout). With one run of k (q.splits <= 1) y[i][j] = v scale. Otherwise each block writes its
+// sums to q.partials[blockIdx.y][i][j], and the last block of its features to arrive
+// (q.arrivals[blockIdx.x], returned to zero for the next launch) adds the runs' sums in run order
+// and stores y: the same y whichever block is last.
+template <typename Sums>
+MW_DEV void finish_split_gemv(const GemvTcParams& q, float scale, const Sums& sums) {
+    const LinearParams& p = q.lin;
+    __shared__ bool last_smem;
+    if (q.splits <= 1) {
+        sums([&](uint64_t i, uint64_t j, float v) { store_y(p, i, j, v * scale); });
+        return;
+    }
+    sums([&](uint64_t i, uint64_t j, float v) { q.partials[(uint64_t(blockIdx.y) * p.m + i) * p.n + j] = v; });
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last_smem = atomicAdd(q.arrivals + blockIdx.x, 1u) + 1u == q.splits;
+    __syncthreads();
+    if (!last_smem) return;
+    __threadfence();
+    sums([&](uint64_t i, uint64_t j, float) {
+        float v = 0.0f;
+        for (uint32_t s = 0; s < q.splits; ++s) v += __ldcg(q.partials + (uint64_t(s) * p.m + i) * p.n + j);
+        store_y(p, i, j, v * scale);
+    });
+    if (threadIdx.x == 0) atomicExch(q.arrivals + blockIdx.x, 0u);
+}
+
 }  // namespace mw_linear
 
 // Every weight dtype x {plain, block f32 scales, block bf16 scales}: INSTANTIATE(suffix, W, Scale).

@@ -588,8 +588,9 @@ fn gemv_four_features_per_warp<D: Device>(g: &Gpu<D>) {
     g.set_gemv_warp_rows(1).expect("back to 1");
 }
 
-/// The tensor-core GEMV (`Gpu::set_gemv_tensor_core_rows`: gemv_tc.cu) against the reference
-/// within its bound (gemm_tc.cu's, plus its runs of k): every tensor-core weight dtype and scale
+/// The GEMV on matrix units (`Gpu::set_gemv_tensor_core_rows`: gemv_tc.cu on NVIDIA and the
+/// warp-32 emulator, gemv_mfma.cu on AMD CDNA and the warp-64 one) against the reference within
+/// its bound (gemm_tc.cu's, plus its runs of k): every tensor-core weight dtype and scale
 /// kind at 1 to 16 rows (both row tiles and rows short of them), n leaving partial m16 tiles, warps
 /// and blocks, k of partial 64-column steps and 128-column x tiles, 16-bit x and y; then k = 4096
 /// and 4160 (a partial last tile) at 16 and 5 rows with scale blocks of one step, of five tiles
@@ -598,12 +599,12 @@ fn gemv_four_features_per_warp<D: Device>(g: &Gpu<D>) {
 /// of a word, 3 x 5 or 48-column blocks) still right on gemv.cu; and the exact-parts cases at 16
 /// rows, which fail if any bf16 part of x or of an f16 weight is dropped.
 fn gemv_tensor_cores<D: Device>(g: &Gpu<D>) {
-    use memwall_runtime::gpu::ops::linear::{gemv_tc_applies, gemv_tc_plan};
+    use memwall_runtime::gpu::ops::linear::{GemvMatrix, gemv_tc_applies, gemv_tc_plan};
     assert!(g.set_gemv_tensor_core_rows(Some(0)).is_err() && g.set_gemv_tensor_core_rows(Some(17)).is_err());
     g.set_gemv_tensor_core_rows(Some(1)).expect("every GEMV on tensor cores");
     assert_eq!(g.gemv_tensor_core_rows(), Some(1));
     let info = g.device().info().clone();
-    let mut split_cases = 0;
+    let (mut matrix_cases, mut split_cases) = (0, 0);
     let mut run = |c: &Case| {
         let d = LinearDims { m: c.m, n: c.n, k: c.k };
         let splits = if gemv_tc_applies(d, c.weight, blocks(c), &info) {
@@ -612,6 +613,7 @@ fn gemv_tensor_cores<D: Device>(g: &Gpu<D>) {
         } else {
             0
         };
+        matrix_cases += usize::from(splits > 0);
         split_cases += usize::from(splits > 1);
         check_on(g, c, splits);
     };
@@ -648,7 +650,10 @@ fn gemv_tensor_cores<D: Device>(g: &Gpu<D>) {
             run(&c);
         }
     }
-    assert!(split_cases >= 6, "only {split_cases} cases ran in runs of k");
+    if GemvMatrix::of(&info).is_some() {
+        assert!(matrix_cases >= 150, "only {matrix_cases} cases ran on the matrix units");
+        assert!(split_cases >= 6, "only {split_cases} cases ran in runs of k");
+    }
     if gemv_tc_applies(LinearDims { m: 16, n: 19, k: 32 }, DType::BF16, None, &info) {
         exact_parts_at(g, 16);
     }
@@ -784,6 +789,7 @@ fn set_rows_respected<B: Backend>(b: &B) {
 #[cfg(feature = "emulate")]
 mod emulated {
     use super::*;
+    use memwall_runtime::gpu::ops::linear::GemvMatrix;
 
     /// Cases per kernel and schedule: the emulator runs every GPU thread as a fiber on one core.
     const EMU_CASES: u32 = 40;
@@ -840,6 +846,15 @@ mod emulated {
     #[test]
     fn gemv_tensor_cores_match_reference() {
         let (_, b) = gpu::emulated().swap_remove(2);
+        assert_eq!(GemvMatrix::of(b.device().info()), Some(GemvMatrix::TensorCore));
+        gemv_tensor_cores(&b);
+    }
+
+    /// gemv_mfma.cu on the HIP image (warp 64), through mfma.cuh's emulated MFMA.
+    #[test]
+    fn matrix_core_gemv_matches_reference() {
+        let (name, b) = gpu::emulated().pop().expect("hip-emu");
+        assert_eq!(GemvMatrix::of(b.device().info()), Some(GemvMatrix::MatrixCore), "{name}");
         gemv_tensor_cores(&b);
     }
 
@@ -929,7 +944,7 @@ device_tests! {
         gemv_four_features_per_warp(&b);
     }
 
-    // On AMD it is gemv.cu throughout (no mma.sync there): the same checks.
+    // gemv_tc.cu on NVIDIA, gemv_mfma.cu on AMD CDNA (gemv.cu where neither runs): the same checks.
     fn gemv_tensor_cores_match_reference(b, who) {
         gemv_tensor_cores(&b);
     }

@@ -243,10 +243,18 @@ fn fnuz_fp8_is_decoded_by_the_cdna3_instructions_only() {
                 continue;
             }
             hardware_kernels += 1;
-            if name.starts_with("gemv_") {
+            let kind = if want_fp8 { "fp8" } else { "bf8" };
+            if name.starts_with("gemv_mfma_") {
+                // A lane's 4 weight words per x tile (2 feature tiles x 2 steps), each four 32-bit
+                // words of four codes, each one packed conversion per half; no scalar tail.
+                let packed: Vec<&String> =
+                    lines.iter().filter(|l| opcode(l).starts_with(&format!("v_cvt_pk_f32_{kind}"))).collect();
+                let high = packed.iter().filter(|l| l.contains("src0_sel:WORD_1")).count();
+                assert_eq!((packed.len() - high, high), (16, 16), "{name} ({target}): packed (low, high)");
+                assert_eq!(count(&[&format!("v_cvt_f32_{kind}")]), 0, "{name} ({target}): a scalar decode");
+            } else if name.starts_with("gemv_") {
                 // Vector path: GEMV_UNROLL 16-byte loads per step, each four 32-bit words of four
                 // codes, each word one packed conversion per half; scalar tail: one-byte ones.
-                let kind = if want_fp8 { "fp8" } else { "bf8" };
                 let packed: Vec<&String> =
                     lines.iter().filter(|l| opcode(l).starts_with(&format!("v_cvt_pk_f32_{kind}"))).collect();
                 let high = packed.iter().filter(|l| l.contains("src0_sel:WORD_1")).count();
@@ -311,13 +319,23 @@ fn gemv_weight_loads_are_128_bit() {
     }
 }
 
-/// gemm_mfma.cu on every target: its 18 kernels (6 weight dtypes x {plain, block f32, block bf16})
-/// run their products on the matrix cores, `v_mfma_f32_16x16x16_bf16` (gfx94x's spelling) or
-/// `v_mfma_f32_16x16x16bf16_1k` (gfx90a's), 48 per 32-column tile (2 k steps x 2 x 4 fragments x
-/// 3 parts of x) or 96 for f16 weights (2 parts each), and no other MFMA; no other file uses the
-/// matrix cores. (Scratch is checked for every kernel by `code_objects_are_wave64_elf_without_scratch`.)
+/// The files that use the matrix cores, each with the MFMAs of one kernel's k loop: gemm_mfma.cu,
+/// 48 per 32-column tile (2 k steps x 2 x 4 fragments x 3 parts of x); gemv_mfma.cu, 48 per
+/// 128-column x tile (8 k slices x 2 feature tiles x 3 parts of x); twice that for f16 weights
+/// (2 parts each).
+const MFMA_FILES: [&str; 2] = ["gemm_mfma.cu", "gemv_mfma.cu"];
+
+/// gemm_mfma.cu and gemv_mfma.cu on every target: the 18 kernels of each (6 weight dtypes x
+/// {plain, block f32, block bf16}) run their products on the matrix cores,
+/// `v_mfma_f32_16x16x16_bf16` (gfx94x's spelling) or `v_mfma_f32_16x16x16bf16_1k` (gfx90a's), 48 per
+/// k tile or 96 for f16 weights (`MFMA_FILES`), and no other MFMA; no other file uses the matrix
+/// cores. gemv_mfma.cu loads a lane's weight words as whole 16-byte `global_load_dwordx4`: per x
+/// tile, 2 of x per thread and 2 feature tiles x STEPS (2 for fp8, 4 for 16-bit) of weights, in the
+/// prologue and again in the loop; reads x's parts as 16-byte `ds_read_b128`, 3 parts x STEPS x
+/// 16-byte halves (2 for fp8, 1 for 16-bit) = 12; and nothing through flat. (Scratch is checked for
+/// every kernel by `code_objects_are_wave64_elf_without_scratch`.)
 #[test]
-fn mfma_gemm_runs_on_the_matrix_cores() {
+fn mfma_kernels_run_on_the_matrix_cores() {
     if !built() {
         return;
     }
@@ -326,27 +344,33 @@ fn mfma_gemm_runs_on_the_matrix_cores() {
         let target = image.targets[0];
         let mut kernels = 0;
         for (name, lines) in &disassemble(image) {
-            let mfma: Vec<&str> = lines
-                .iter()
-                .filter_map(|l| l.split_whitespace().next())
-                .filter(|o| o.starts_with("v_mfma"))
-                .collect();
-            if image.name != "gemm_mfma.cu" {
+            let ops: Vec<&str> = lines.iter().filter_map(|l| l.split_whitespace().next()).collect();
+            let mfma: Vec<&str> = ops.iter().copied().filter(|o| o.starts_with("v_mfma")).collect();
+            if !MFMA_FILES.contains(&image.name) {
                 assert!(mfma.is_empty(), "{name} ({target}) of {} uses {mfma:?}", image.name);
                 continue;
             }
-            let want = if name.starts_with("gemm_mfma_f16") { 96 } else { 48 };
+            let f16 = name.starts_with("gemm_mfma_f16") || name.starts_with("gemv_mfma_f16");
+            let want = if f16 { 96 } else { 48 };
             assert_eq!(mfma.len(), want, "{name} ({target}): {} MFMAs", mfma.len());
             assert!(
                 mfma.iter().all(|o| matches!(*o, "v_mfma_f32_16x16x16_bf16" | "v_mfma_f32_16x16x16bf16_1k")),
                 "{name} ({target}): {mfma:?}"
             );
+            if image.name == "gemv_mfma.cu" {
+                let count = |op: &str| ops.iter().filter(|o| **o == op).count();
+                let weight = name["gemv_mfma_".len()..].split('_').next().unwrap();
+                let steps = if matches!(weight, "f16" | "bf16") { 4 } else { 2 };
+                assert_eq!(count("global_load_dwordx4"), 2 * (2 + 2 * steps), "{name} ({target})");
+                assert_eq!(count("ds_read_b128"), 12, "{name} ({target})");
+                assert!(!ops.iter().any(|o| o.starts_with("flat_")), "{name} ({target}) goes through flat");
+            }
             kernels += 1;
         }
-        if image.name == "gemm_mfma.cu" {
-            assert_eq!(kernels, 6 * 3, "gemm_mfma kernels disassembled for {target}");
+        if MFMA_FILES.contains(&image.name) {
+            assert_eq!(kernels, 6 * 3, "{} kernels disassembled for {target}", image.name);
             files += 1;
         }
     }
-    assert_eq!(files, targets().len(), "a gemm_mfma.cu code object per target");
+    assert_eq!(files, MFMA_FILES.len() * targets().len(), "a code object per MFMA file and target");
 }

@@ -323,11 +323,12 @@ impl<D: Device> Gpu<D> {
         self.gemv_warp_rows.load(Ordering::Relaxed)
     }
 
-    /// Whether `linear` runs decode batches (at most `GEMV_MAX_ROWS` rows) on the tensor cores:
+    /// Whether `linear` runs decode batches (at most `GEMV_MAX_ROWS` rows) on the matrix units:
     /// `Some(r)` sends a GEMV of at least `r` rows (1 to 16) to `gemv_tc_*` (kernels-cuda/gemv_tc.cu:
-    /// x staged once per 128 output features, mma.sync on bf16 parts, f32 accuracy) wherever its
-    /// preconditions hold (`ops::linear::gemv_tc_applies`); `None` (the default) keeps every
-    /// GEMV on gemv.cu's tiles. Which is faster at which batch is a measurement (`benches/gpu`
+    /// x staged once per 128 output features, mma.sync on bf16 parts, f32 accuracy) on NVIDIA, or
+    /// to `gemv_mfma_*` (kernels-cuda/gemv_mfma.cu: the same on AMD's MFMA) on AMD CDNA
+    /// (`ops::linear::GemvMatrix`), wherever the preconditions hold
+    /// (`ops::linear::gemv_tc_applies`); `None` (the default) keeps every GEMV on gemv.cu's tiles. Which is faster at which batch is a measurement (`benches/gpu`
     /// runs both); the results of either are within the bound tests/gpu_linear.rs derives. Rows
     /// outside 1 to 16 are an [`Error::Argument`].
     pub fn set_gemv_tensor_core_rows(&self, rows: Option<usize>) -> Result<()> {

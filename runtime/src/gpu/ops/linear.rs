@@ -1,4 +1,6 @@
-//! `linear`: GEMV for decode (`kernels-cuda/gemv.cu`, at most [`GEMV_MAX_ROWS`] rows) and the
+//! `linear`: GEMV for decode (`kernels-cuda/gemv.cu`, at most [`GEMV_MAX_ROWS`] rows; or, where
+//! [`Gpu::set_gemv_tensor_core_rows`] asks, the batched GEMV on matrix units, [`GemvMatrix`]:
+//! `kernels-cuda/gemv_tc.cu` on NVIDIA, `kernels-cuda/gemv_mfma.cu` on AMD) and the
 //! GEMMs for prefill ([`super::gemm`]: tensor cores, `kernels-cuda/gemm_tc.cu`, or CUDA cores,
 //! `kernels-cuda/gemm.cu`); all take the params struct and the weight/scale plumbing of this module
 //! (`kernels-cuda/params/linear.h`). Also `gate_up_silu`: the fused gate/up GEMV of `gemv.cu` for
@@ -28,10 +30,14 @@ pub const GEMV_J4_ROW_TILES: [usize; 1] = [4];
 pub const GEMV_J4_FEATURES: usize = 4;
 /// The row tiles of `gemv_tc` (gemv_tc.cu: one or two n8 fragments of tokens).
 pub const GEMV_TC_ROW_TILES: [usize; 2] = [8, 16];
-/// `FEATURES`, `THREADS`, `TILE_K` and `STEP_K` of gemv_tc.cu: output features and threads per
-/// block, columns of x per shared tile, columns per warp step.
+/// The row tiles of `gemv_mfma` (gemv_mfma.cu: the MFMA's 16 columns of tokens).
+pub const GEMV_MFMA_ROW_TILES: [usize; 1] = [16];
+/// `FEATURES`, `TILE_K` and `STEP_K` of gemv_tc.cu and of gemv_mfma.cu alike (output features
+/// per block, columns of x per shared tile, columns per warp step for fp8 weights: four lanes'
+/// 16-byte words), so [`gemv_tc_plan`] cuts k for both the same way; `THREADS` of each.
 pub const GEMV_TC_FEATURES: usize = 128;
 pub const GEMV_TC_THREADS: u32 = 128;
+pub const GEMV_MFMA_THREADS: u32 = 256;
 pub const GEMV_TC_TILE_K: usize = 128;
 pub const GEMV_TC_STEP_K: usize = 64;
 /// The most of the weight traffic `gemv_tc`'s split-K partials may add (written and read back:
@@ -194,7 +200,10 @@ pub fn kernel_names() -> Vec<&'static str> {
                 names.extend(kernel_name("gemm_tc", w, s, None));
                 names.extend(kernel_name("gemm_wg", w, s, None));
                 names.extend(kernel_name("gemm_mfma", w, s, None));
-                names.extend(GEMV_TC_ROW_TILES.iter().filter_map(|&r| kernel_name("gemv_tc", w, s, Some(r))));
+                for kernel in [GemvMatrix::TensorCore, GemvMatrix::MatrixCore] {
+                    let tiles = kernel.row_tiles().iter();
+                    names.extend(tiles.filter_map(|&r| kernel_name(kernel.family(), w, s, Some(r))));
+                }
             }
         }
     }
@@ -317,11 +326,62 @@ fn widen_x<D: Device>(g: &Gpu<D>, d: LinearDims, x: &T<D>, name: &'static str, o
     unsafe { g.launch(name, cfg, &p) }
 }
 
-/// Whether `gemv_tc` (gemv_tc.cu) can run `d` (at most `GEMV_MAX_ROWS` rows) with a `weight` of
-/// this dtype and `blocks` = (block_rows, block_cols) of its block or per-channel scale (None for
-/// unscaled or per-tensor): a 16-bit or fp8 weight, k a multiple of a 16-byte word of it, block
-/// scales whose k-blocks are whole `GEMV_TC_STEP_K` steps (or span k), n and k below 2^32, and
-/// mma hardware ([`super::gemm::has_mma_bf16`]).
+/// The batched-decode GEMV on a device's matrix units ([`Gpu::set_gemv_tensor_core_rows`]): one
+/// contract, accuracy bound and split-K plan ([`gemv_tc_plan`]), one kernel per vendor's fragments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemvMatrix {
+    /// `gemv_tc_<w>[_block_<s>]_r<R>` of gemv_tc.cu: mma.sync m16n8k16 (NVIDIA sm_80 and newer,
+    /// the warp-32 emulator).
+    TensorCore,
+    /// `gemv_mfma_<w>[_block_<s>]_r16` of gemv_mfma.cu: v_mfma_f32_16x16x16_bf16 (AMD CDNA, the
+    /// warp-64 emulator).
+    MatrixCore,
+}
+
+impl GemvMatrix {
+    /// The kernel `info`'s matrix units run, if any ([`super::gemm::has_mma_bf16`],
+    /// [`super::gemm::has_mfma`]).
+    pub fn of(info: &DeviceInfo) -> Option<Self> {
+        if super::gemm::has_mma_bf16(info) {
+            Some(Self::TensorCore)
+        } else if super::gemm::has_mfma(info) {
+            Some(Self::MatrixCore)
+        } else {
+            None
+        }
+    }
+
+    /// The kernel names' family.
+    pub fn family(self) -> &'static str {
+        match self {
+            Self::TensorCore => "gemv_tc",
+            Self::MatrixCore => "gemv_mfma",
+        }
+    }
+
+    /// The row tiles (`_r<R>`) it is compiled for.
+    pub fn row_tiles(self) -> &'static [usize] {
+        match self {
+            Self::TensorCore => &GEMV_TC_ROW_TILES,
+            Self::MatrixCore => &GEMV_MFMA_ROW_TILES,
+        }
+    }
+
+    /// Threads per block.
+    pub fn threads(self) -> u32 {
+        match self {
+            Self::TensorCore => GEMV_TC_THREADS,
+            Self::MatrixCore => GEMV_MFMA_THREADS,
+        }
+    }
+}
+
+/// Whether the batched GEMV on matrix units ([`GemvMatrix`]: gemv_tc.cu or gemv_mfma.cu) can run
+/// `d` (at most `GEMV_MAX_ROWS` rows) with a `weight` of this dtype and `blocks` = (block_rows,
+/// block_cols) of its block or per-channel scale (None for unscaled or per-tensor): a 16-bit or
+/// fp8 weight, k a multiple of a 16-byte word of it, block scales whose k-blocks are whole
+/// `GEMV_TC_STEP_K` steps (or span k), n and k below 2^32, and a device with such units
+/// ([`GemvMatrix::of`]).
 pub fn gemv_tc_applies(
     d: LinearDims,
     weight: DType,
@@ -331,10 +391,11 @@ pub fn gemv_tc_applies(
     let words = super::gemm::tc_words(d, weight);
     let scales = blocks.is_none_or(|(_, bc)| bc >= d.k || bc.is_multiple_of(GEMV_TC_STEP_K));
     let fits = u32::try_from(d.n).is_ok() && u32::try_from(d.k).is_ok();
-    (1..=GEMV_MAX_ROWS).contains(&d.m) && super::gemm::has_mma_bf16(info) && words && scales && fits
+    (1..=GEMV_MAX_ROWS).contains(&d.m) && GemvMatrix::of(info).is_some() && words && scales && fits
 }
 
-/// `gemv_tc`'s launch for `d` (where [`gemv_tc_applies`]): `(cfg, split_cols, splits)`. The grid
+/// The batched matrix-unit GEMV's launch for `d` (where [`gemv_tc_applies`]; gemv_tc.cu or
+/// gemv_mfma.cu, [`GemvMatrix::of`]): `(cfg, split_cols, splits)`. The grid
 /// is ceil(n / GEMV_TC_FEATURES) blocks of features by `splits` runs of k, as many as bring it
 /// to about `GEMV_TC_BLOCKS_PER_SM` blocks per SM, no more than k has tiles, and no more than
 /// keep the partials' traffic (8 splits m / (k sizeof(w)) of the weight's) within
@@ -347,6 +408,10 @@ pub fn gemv_tc_plan(
     info: &DeviceInfo,
 ) -> Result<(LaunchCfg, u32, u32)> {
     let op = "linear";
+    let kernel = GemvMatrix::of(info).ok_or_else(|| Error::Argument {
+        op,
+        msg: format!("{} has neither mma.sync nor MFMA units", info.name),
+    })?;
     let features = d.n.div_ceil(GEMV_TC_FEATURES).max(1);
     let tiles = d.k.div_ceil(GEMV_TC_TILE_K).max(1);
     let want = (info.sm_count.max(1) as usize * GEMV_TC_BLOCKS_PER_SM).div_ceil(features);
@@ -362,7 +427,7 @@ pub fn gemv_tc_plan(
     let splits = tiles.div_ceil(per_run);
     let cfg = LaunchCfg {
         grid: [dim(op, "feature blocks", features)?, dim(op, "k splits", splits)?, 1],
-        block: [GEMV_TC_THREADS, 1, 1],
+        block: [kernel.threads(), 1, 1],
         shared_bytes: 0,
     };
     if cfg.grid[0] > info.max_grid[0] || cfg.grid[1] > info.max_grid[1] {
@@ -387,8 +452,9 @@ pub(crate) fn scale_blocks<B>(d: LinearDims, scale: &WeightScale<B>) -> Option<(
     }
 }
 
-/// `linear` on `gemv_tc_<w>[_block_<s>]_r<R>` (where [`gemv_tc_applies`]): one scratch holds the
-/// arrival counters, the splits' partials and x widened to f32 where it is 16-bit.
+/// `linear` on `gemv_tc_<w>[_block_<s>]_r<R>` or `gemv_mfma_<w>[_block_<s>]_r16` (where
+/// [`gemv_tc_applies`]; [`GemvMatrix::of`] the device): one scratch holds the arrival counters,
+/// the splits' partials and x widened to f32 where it is 16-bit.
 fn gemv_tc<D: Device>(
     g: &Gpu<D>,
     d: LinearDims,
@@ -397,9 +463,10 @@ fn gemv_tc<D: Device>(
     y: &mut T<D>,
 ) -> Result<()> {
     let op = "linear";
-    let rows = row_tile(&GEMV_TC_ROW_TILES, d.m).ok_or_else(|| super::unsupported(op, g.name()))?;
+    let kernel = GemvMatrix::of(g.device().info()).ok_or_else(|| super::unsupported(op, g.name()))?;
+    let rows = row_tile(kernel.row_tiles(), d.m).ok_or_else(|| super::unsupported(op, g.name()))?;
     let ws = weight_params::<D>(d, w)?;
-    let name = kernel_name("gemv_tc", w.weight.dtype(), ws.0, Some(rows))
+    let name = kernel_name(kernel.family(), w.weight.dtype(), ws.0, Some(rows))
         .ok_or_else(|| super::unsupported(op, g.name()))?;
     let blocks = scale_blocks(d, &w.scale).map(|(_, bc)| bc);
     let (cfg, split_cols, splits) = gemv_tc_plan(d, w.weight.dtype(), blocks, g.device().info())?;
@@ -635,7 +702,21 @@ mod tests {
         assert!(!gemv_tc_applies(d(4, 4096), DType::BF16, Some((1, 48)), &h200));
         let mut amd = h200.clone();
         amd.vendor = super::super::super::Vendor::Amd;
-        assert!(!gemv_tc_applies(d(16, 4096), DType::BF16, None, &amd));
+        assert!(!gemv_tc_applies(d(16, 4096), DType::BF16, None, &amd), "no gfx target named");
+        assert!(gemv_tc_plan(d(16, 4096), DType::BF16, None, &amd).is_err());
+        // An MI300X: gemv_mfma.cu, 256 threads, k cut as on NVIDIA (304 CUs: 6 runs of 768 columns).
+        let mi300x = DeviceInfo {
+            name: "AMD Instinct MI300X (gfx942)".into(),
+            warp_size: 64,
+            sm_count: 304,
+            ..amd.clone()
+        };
+        assert_eq!(GemvMatrix::of(&mi300x), Some(GemvMatrix::MatrixCore));
+        assert_eq!(GemvMatrix::of(&h200), Some(GemvMatrix::TensorCore));
+        assert!(gemv_tc_applies(d(16, 4096), DType::F8E4M3Fnuz, Some((128, 128)), &mi300x));
+        let (cfg, cols, splits) =
+            gemv_tc_plan(LinearDims { m: 16, n: 14336, k: 4096 }, DType::BF16, None, &mi300x).unwrap();
+        assert_eq!((cfg.grid, cfg.block[0], cols, splits), ([112, 6, 1], 256, 768, 6));
     }
 
     #[test]
@@ -652,7 +733,7 @@ mod tests {
             kernel_name("gate_up_silu", DType::F8E4M3Fnuz, Some(DType::F32), Some(4)),
             Some("gate_up_silu_e4m3fnuz_block_f32_r4")
         );
-        assert_eq!(kernel_names().len(), 2 + 7 * 3 * (3 + 2 + 1 + 1 + 1) + 6 * 3 * (1 + 2 + 1 + 1));
+        assert_eq!(kernel_names().len(), 2 + 7 * 3 * (3 + 2 + 1 + 1 + 1) + 6 * 3 * (1 + 2 + 1 + 1 + 1));
         assert_eq!(
             kernel_name("gemv_j4", DType::BF16, Some(DType::F32), Some(4)),
             Some("gemv_j4_bf16_block_f32_r4")
