@@ -115,6 +115,22 @@ fn decode_graphs_replay_bit_for_bit_on_the_emulated_gpus() {
     replay_matches_op_by_op(memwall::emulated_hip_backend(Schedule::Forward).expect("hip-emu"));
 }
 
+/// The same with every decode GEMV on the matrix units (`Gpu::set_gemv_tensor_core_rows`):
+/// gemv_tc.cu on the warp-32 image, gemv_mfma.cu on the warp-64 one, whose launcher holds
+/// scratch (x widened to f32, split-K partials and arrival counters) that replays must reuse.
+#[cfg(feature = "emulate")]
+#[test]
+fn decode_graphs_replay_bit_for_bit_on_the_matrix_units() {
+    use memwall::runtime::gpu::emu::Schedule;
+    for backend in [
+        memwall::emulated_backend(Schedule::Random(0x9b)).expect("emu"),
+        memwall::emulated_hip_backend(Schedule::Forward).expect("hip-emu"),
+    ] {
+        backend.set_gemv_tensor_core_rows(Some(1)).expect("every GEMV on the matrix units");
+        replay_matches_op_by_op(backend);
+    }
+}
+
 /// The CPU backends record nothing: graphs on is op by op there.
 #[test]
 fn graphs_are_a_no_op_on_the_cpu() {
