@@ -11,9 +11,12 @@
 //                              (16-bit x widened first by linear_x_f32_<t>); y [m, n] f32, bf16 or
 //                              f16
 //
-// Why: gemv.cu's 16-row tile is FP32 FMAs, 16 per weight element plus the widening; at batch 8-16
-// an MI300X's vector ALUs, not its HBM, would bound it (gemv.cu's header). Here the products run on
-// the matrix cores and x is staged once per block for 128 output features.
+// Why: gemv.cu's 16-row tile is FP32 FMAs, 16 per weight element plus the widening. At an
+// MI300X's 5.3 TB/s, 16 rows of fp8 weights ask for about 85 T FMA/s, beyond its vector units'
+// 82 T even with packed FP32 (163 TFLOPS, AMD's datasheet), so those, not HBM, would bound it.
+// Here the products run on the matrix cores (16 x 3 parts x 2 flops per fp8 byte is 96 flops a
+// byte, 0.5 PFLOPS at 5.3 TB/s of the 1.3 dense bf16 PFLOPS) and x is staged once per block for
+// 128 output features.
 //
 // Layout. Block (bx, split) owns output features [bx FEATURES, +FEATURES) and the columns
 // [split split_cols, +split_cols) of k; wavefront w the 32 features (two 16-feature MFMA tiles)
