@@ -134,12 +134,14 @@ MW_DEV float to_f32(f16 x) {
     return f;
 #else
     // Exact: the 10 mantissa and 5 exponent bits move into an f32, then one multiplication by a
-    // power of two rebiases (2^(127-15)); subnormals come out right because f32 keeps them.
-    uint32_t h = x.bits;
-    uint32_t sign = (h & 0x8000u) << 16;
-    uint32_t em = h & 0x7fffu;
-    if (em >= 0x7c00u) return __uint_as_float(sign | 0x7f800000u | ((em & 0x3ffu) << 13));
-    return __uint_as_float(sign | __float_as_uint(__uint_as_float(em << 13) * 5.192296858534828e33f));
+    // power of two rebiases (2^(127-15)); subnormals come out right because f32 keeps them. Inf
+    // and NaN (payload kept) by a select: clang for AMD masks the wavefront around a branch.
+    const uint32_t h = x.bits;
+    const uint32_t sign = (h & 0x8000u) << 16;
+    const uint32_t em = h & 0x7fffu;
+    const uint32_t special = sign | 0x7f800000u | ((em & 0x3ffu) << 13);
+    const uint32_t finite = sign | __float_as_uint(__uint_as_float(em << 13) * 5.192296858534828e33f);
+    return __uint_as_float(em >= 0x7c00u ? special : finite);
 #endif
 }
 
@@ -180,6 +182,10 @@ MW_OCP_FP8_TO_F32(e5m2)
 
 // fp8: the 7 magnitude bits shifted into an f32 (exponent bits onto its low exponent bits,
 // mantissa onto its top mantissa bits), times 2^(127 - bias): exact for normals and subnormals.
+// The software decoders pick NaN and inf by selects off NVIDIA: clang for AMD masks the wavefront
+// around each side of a branch (gfx942: gemv_e5m2_r1 1506 -> 1106 instructions, e4m3fn 1106 ->
+// 977); nvcc keeps the early return, which it predicates (its code for the select alone was up to
+// 17% longer on sm_80), and then folds the select away.
 // 0x1p120f = 2^120 (e4m3fn, bias 7), 2^119 (e4m3fnuz, bias 8), 2^112 (e5m2), 2^111 (e5m2fnuz).
 MW_DEV float fp8_magnitude(uint32_t bits7, int shift, float rebias) {
     return __uint_as_float(bits7 << shift) * rebias;
@@ -192,9 +198,13 @@ MW_DEV float to_f32(e4m3fn x) {
     e4m3x2_to_f32(x.bits, f, unused);
     return f;
 #else
-    uint32_t m = x.bits & 0x7fu;
-    if (m == 0x7fu) return __uint_as_float(0x7fc00000u);  // S.1111.111 is NaN; no infinities
-    return with_sign(x.bits, fp8_magnitude(m, 20, 1.329227995784916e36f /* 2^120 */));
+    const uint32_t m = x.bits & 0x7fu;
+    const float nan = __uint_as_float(0x7fc00000u);  // S.1111.111 is NaN; no infinities
+#if defined(__CUDA_ARCH__)
+    if (m == 0x7fu) return nan;
+#endif
+    const float v = with_sign(x.bits, fp8_magnitude(m, 20, 1.329227995784916e36f /* 2^120 */));
+    return m == 0x7fu ? nan : v;
 #endif
 }
 
@@ -204,8 +214,12 @@ MW_DEV float to_f32(e4m3fnuz x) {
 #if defined(MW_FNUZ_FP8_HW)
     return mw_vendor::e4m3fnuz_to_f32(x.bits);
 #else
-    if (x.bits == 0x80u) return __uint_as_float(0x7fc00000u);  // the one NaN; no -0
-    return with_sign(x.bits, fp8_magnitude(x.bits & 0x7fu, 20, 6.64613997892458e35f /* 2^119 */));
+    const float nan = __uint_as_float(0x7fc00000u);  // 0x80, the one NaN; no -0
+#if defined(__CUDA_ARCH__)
+    if (x.bits == 0x80u) return nan;
+#endif
+    const float v = with_sign(x.bits, fp8_magnitude(x.bits & 0x7fu, 20, 6.64613997892458e35f /* 2^119 */));
+    return x.bits == 0x80u ? nan : v;
 #endif
 }
 MW_DEV float to_f32(e5m2 x) {
@@ -214,20 +228,30 @@ MW_DEV float to_f32(e5m2 x) {
     e5m2x2_to_f32(x.bits, f, unused);
     return f;
 #else
-    uint32_t m = x.bits & 0x7fu;
+    const uint32_t m = x.bits & 0x7fu;
+    const float magnitude = fp8_magnitude(m, 21, 5.192296858534828e33f /* 2^112 */);
+#if defined(__CUDA_ARCH__)
     if (m >= 0x7cu) {  // exponent all ones: inf (mantissa 0) or NaN
         float special = m == 0x7cu ? __uint_as_float(0x7f800000u) : __uint_as_float(0x7fc00000u);
         return with_sign(x.bits, special);
     }
-    return with_sign(x.bits, fp8_magnitude(m, 21, 5.192296858534828e33f /* 2^112 */));
+    return with_sign(x.bits, magnitude);
+#else
+    const float special = m == 0x7cu ? __uint_as_float(0x7f800000u) : __uint_as_float(0x7fc00000u);
+    return with_sign(x.bits, m >= 0x7cu ? special : magnitude);
+#endif
 #endif
 }
 MW_DEV float to_f32(e5m2fnuz x) {
 #if defined(MW_FNUZ_FP8_HW)
     return mw_vendor::e5m2fnuz_to_f32(x.bits);
 #else
-    if (x.bits == 0x80u) return __uint_as_float(0x7fc00000u);
-    return with_sign(x.bits, fp8_magnitude(x.bits & 0x7fu, 21, 2.596148429267414e33f /* 2^111 */));
+    const float nan = __uint_as_float(0x7fc00000u);
+#if defined(__CUDA_ARCH__)
+    if (x.bits == 0x80u) return nan;
+#endif
+    const float v = with_sign(x.bits, fp8_magnitude(x.bits & 0x7fu, 21, 2.596148429267414e33f /* 2^111 */));
+    return x.bits == 0x80u ? nan : v;
 #endif
 }
 
