@@ -96,17 +96,15 @@ struct TileWords {
 };
 
 // The lane's weight rows, set up once: the address of its first column in row r of each tile
-// (rows past n read row j0's instead: their sums are never stored) and whether the row exists.
+// (rows past n read row 0 instead: their sums are never stored).
 template <typename W>
 struct LaneRows {
     const W* at[TILES];
-    bool live[TILES];
     MW_DEV LaneRows(const LinearParams& p, uint64_t j0) {
         const int lane = threadIdx.x % WAVE, r = lane % 16, q = lane / 16;
 #pragma unroll
         for (int mt = 0; mt < TILES; ++mt) {
             const uint64_t j = j0 + mt * MFMA + r;
-            live[mt] = j < p.n;
             at[mt] = reinterpret_cast<const W*>(p.weight) + (j < p.n ? j : 0) * p.k + Traits<W>::VEC * q;
         }
     }
