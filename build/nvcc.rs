@@ -35,6 +35,10 @@ const SPILL_ALLOWED: &[(&str, u64, &str)] = &[
     ("gate_up_silu_*_block_*_r4", 96, "setup and reductions of the block-scaled fused gate/up GEMV"),
     // The fused q/k/v GEMV selects its part's params per block (sm_90a, hardware fp8 decode).
     ("qkv_*_r1", 8, "row setup of the fused q/k/v GEMV"),
+    // The experts' GEMVs select their expert's matrix and rows per block (as qkv its part), and
+    // hold them beside the row tile's sums: up to 76 bytes for the block-scaled 16-row tile of a
+    // 16-bit or f32 weight on sm_80, 52 elsewhere.
+    ("experts_*", 96, "block setup of the experts' GEMVs"),
     // The sampling kernel's radix searches are latency-bound on an L2-resident row.
     ("sample_f32", 12, "outside the hot loop"),
 ];

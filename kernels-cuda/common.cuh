@@ -106,11 +106,16 @@ using mw_shared_type = T;
 #define MW_CONTEXT_OVERFLOW 3u
 #define MW_INDEX_OUT_OF_RANGE 4u
 #define MW_BLOCK_OUT_OF_RANGE 5u
+#define MW_DUPLICATE_INDEX 6u
 #define MW_OP_EMBEDDING 1u
 #define MW_OP_KV_STORE 2u
 #define MW_OP_ATTENTION 3u
 #define MW_OP_GATHER_ROWS 4u
 #define MW_OP_SCATTER_ADD_ROWS 5u
+#define MW_OP_EXPERTS 6u
+// The most experts the device-routed experts kernels name (params/linear.h, params/rows.h):
+// Mixtral has 8; a model with more takes the host-routed path.
+#define MW_MAX_EXPERTS 16
 
 // Element storage types: raw bits.
 struct bf16 { uint16_t bits; };

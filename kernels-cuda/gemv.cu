@@ -34,6 +34,19 @@
 //                          Not at 16 rows: its 4 x 16 sums per lane spilled 48 to 132 bytes.
 //                          Taken by the launcher where Gpu::set_gemv_warp_rows(4) asks for it
 //                          (benches/gpu compares the two; not yet measured on a GPU)
+// experts_gemv_<w>[_block_<s>]_r<R>, experts_gate_up_<w>[_block_<s>]_r<R>
+//                          the `experts` op routed on the device (Mixtral's sparse MLP at decode,
+//                          runtime/src/gpu/ops/experts.rs): gemv_..._r<R> (R in {1, 4, 16}) and
+//                          gate_up_silu_..._r<R> (R in {1, 4}) of each expert on the rows routed
+//                          to it. experts_route (rows.cu) sorted the picked rows by expert; a block
+//                          reads which expert it serves (active[1 + blockIdx.x / blocks_per_expert])
+//                          and that expert's row range from device memory, takes its matrices from
+//                          the params (selected field by field, as qkv's parts), and runs the gemv
+//                          (gate_up_silu) algorithm over the expert's share of the grid; blocks
+//                          past the active experts return at once. An expert's rows are at most R
+//                          (a row picks an expert once), so each weight byte of a picked expert is
+//                          read once for all its rows and the others are not read at all, with
+//                          nothing read back to the host: the decode step stays one graph.
 // linear_x_f32_<t>         out[i] = x[i] widened to f32, t in {bf16, f16}
 //
 // Launch (runtime/src/gpu/ops/linear.rs): GEMV_WARPS warps per block, one warp per output j
@@ -395,21 +408,23 @@ MW_DEV void qkv(const QkvParams& p) {
     gemv_blocks<W, Scale, R>(part, b - first, count);
 }
 
-// p.gate carries the shape, x, the gate weight and scales, and out as its f32 y.
+// p.gate carries the shape, x, the gate weight and scales, and out as its f32 y. Over `blocks`
+// blocks of which this is block `block` (the whole grid for gate_up_silu, an expert's share of it
+// for experts_gate_up).
 template <typename W, typename Scale, int R>
-MW_DEV void gate_up_silu(const GateUpParams& p) {
+MW_DEV void gate_up_silu_blocks(const GateUpParams& p, uint32_t block, uint32_t blocks) {
     const LinearParams& g = p.gate;
     const void* const weights[2] = {g.weight, p.up};
     const void* const scales[2] = {g.scales, p.up_scales};
     const int lane = threadIdx.x % MW_WARP;
-    const uint64_t warps = uint64_t(gridDim.x) * GEMV_WARPS;
+    const uint64_t warps = uint64_t(blocks) * GEMV_WARPS;
     const bool vec = vector_path<W, Scale>(g, weights);
     float* out = reinterpret_cast<float*>(g.y);
     [[maybe_unused]] ChunkColumns first_cols;
     if constexpr (Scale::BLOCKS) {
         if (vec) first_cols = ChunkColumns(lane, g.block_cols / (16 / sizeof(W)), MW_WARP);
     }
-    for (uint64_t j = uint64_t(blockIdx.x) * GEMV_WARPS + threadIdx.x / MW_WARP; j < g.n; j += warps) {
+    for (uint64_t j = uint64_t(block) * GEMV_WARPS + threadIdx.x / MW_WARP; j < g.n; j += warps) {
         const uint64_t rows[2] = {j, j};
         float acc[2][R];
         row_dots<W, Scale, R>(g, weights, scales, vec, first_cols, rows, lane, acc);
@@ -423,6 +438,68 @@ MW_DEV void gate_up_silu(const GateUpParams& p) {
             }
         }
     }
+}
+
+template <typename W, typename Scale, int R>
+MW_DEV void gate_up_silu(const GateUpParams& p) {
+    gate_up_silu_blocks<W, Scale, R>(p, blockIdx.x, gridDim.x);
+}
+
+// ---- experts: each expert's GEMV on the rows routed to it (experts_route of rows.cu) ----------
+
+// mat[e], read under block-uniform compares rather than indexed by the runtime e (which would copy
+// the params array to local memory).
+MW_DEV ExpertMatrix pick_matrix(const ExpertMatrix (&mat)[MW_MAX_EXPERTS], uint32_t e) {
+    ExpertMatrix m = mat[0];
+#pragma unroll
+    for (uint32_t i = 1; i < MW_MAX_EXPERTS; ++i) {
+        if (e == i) m = mat[i];
+    }
+    return m;
+}
+
+// The expert this block serves, its rows and the block's place among the expert's blocks; false
+// for a block past the active experts or an expert without rows.
+struct ExpertBlock {
+    uint32_t expert, first, count, block;
+};
+template <typename Q>
+MW_DEV bool expert_block(const Q& q, ExpertBlock& out) {
+    const uint32_t slot = blockIdx.x / q.blocks_per_expert;
+    if (slot >= q.active[0]) return false;
+    const uint32_t e = q.active[1 + slot];
+    if (e >= q.experts || e >= MW_MAX_EXPERTS) return false;
+    const uint32_t first = q.offsets[e], last = q.offsets[e + 1];
+    out = ExpertBlock{e, first, last - first, blockIdx.x % q.blocks_per_expert};
+    return last > first;
+}
+
+// `base` moved to the expert's rows and given its matrix.
+MW_DEV LinearParams expert_params(const LinearParams& base, const ExpertBlock& b, const ExpertMatrix& mat) {
+    LinearParams p = base;
+    p.weight = mat.weight;
+    p.scales = mat.scales;
+    p.scale = mat.scale;
+    p.m = b.count;
+    p.x = base.x + uint64_t(b.first) * base.k;
+    p.y = reinterpret_cast<float*>(base.y) + uint64_t(b.first) * base.n;
+    return p;
+}
+
+template <typename W, typename Scale, int R>
+MW_DEV void experts_gemv(const ExpertsGemvParams& q) {
+    ExpertBlock b;
+    if (!expert_block(q, b)) return;
+    gemv_blocks<W, Scale, R>(expert_params(q.base, b, pick_matrix(q.mat, b.expert)), b.block, q.blocks_per_expert);
+}
+
+template <typename W, typename Scale, int R>
+MW_DEV void experts_gate_up(const ExpertsGateUpParams& q) {
+    ExpertBlock b;
+    if (!expert_block(q, b)) return;
+    const ExpertMatrix up = pick_matrix(q.up, b.expert);
+    const GateUpParams p{expert_params(q.base, b, pick_matrix(q.gate, b.expert)), up.weight, up.scales, up.scale, 0};
+    gate_up_silu_blocks<W, Scale, R>(p, b.block, q.blocks_per_expert);
 }
 
 }  // namespace mw_gemv
@@ -452,6 +529,13 @@ MW_DEV void gate_up_silu(const GateUpParams& p) {
     }                                                                                                \
     MW_KERNEL_BOUNDS(gemv_j4_##wname##sname##_r4, LinearParams, mw_gemv::GEMV_THREADS) {             \
         mw_gemv::gemv_j4<W, Scale, 4>(p);                                                            \
+    }                                                                                                \
+    MW_GEMV_ROWS(experts_gemv, ExpertsGemvParams, wname, W, Scale, sname)                            \
+    MW_KERNEL_BOUNDS(experts_gate_up_##wname##sname##_r1, ExpertsGateUpParams, mw_gemv::GEMV_THREADS) { \
+        mw_gemv::experts_gate_up<W, Scale, 1>(p);                                                    \
+    }                                                                                                \
+    MW_KERNEL_BOUNDS(experts_gate_up_##wname##sname##_r4, ExpertsGateUpParams, mw_gemv::GEMV_THREADS) { \
+        mw_gemv::experts_gate_up<W, Scale, 4>(p);                                                    \
     }
 #define MW_GEMV_PLAIN(wname, W, _) MW_GEMV_KINDS(wname, W, mw_linear::NoBlocks, )
 #define MW_GEMV_BLOCK_F32(wname, W, _) MW_GEMV_KINDS(wname, W, mw_linear::Blocks<float>, _block_f32)

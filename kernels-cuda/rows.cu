@@ -10,12 +10,21 @@
 // gather_rows_f32             out[i] = src[idx[i]]; src f32 [rows, cols], idx u32 [picked]
 // scatter_add_rows_f32        dst[idx[i]] += weights[i] * src[i] for i = 0 .. picked - 1 in order;
 //                             dst f32 [rows, cols], src f32 [picked, cols], weights f32 [picked]
+// experts_route               Mixtral's picks (ids u32 [rows, k]) sorted by expert on the device,
+//                             for the device-routed `experts` (params/rows.h): one block, a thread
+//                             per pick, each placing itself by counting (stable: the order of
+//                             (expert, pick)), warp 0 listing the experts with picks by ballot
+// experts_combine_f32         out[r] = sum over row r's picks in order of expert of weight * the
+//                             expert's output row, from +0, one fma each: scatter_add_rows_f32's
+//                             order and rounding into a zeroed out, without the zeroing copy
 //
 // Data-dependent errors: an id or index beyond its table is reported through mw::report on
 // p.status (embedding: MW_TOKEN_OUT_OF_RANGE; gather, scatter: MW_INDEX_OUT_OF_RANGE; row = the
 // position in ids/idx, value = the id, limit = the table's rows) and that row (or that i) is
-// skipped: nothing is written for it. The runtime turns the report into the typed error at the
-// next read or synchronize.
+// skipped: nothing is written for it. experts_route reports an expert id beyond the experts
+// (MW_INDEX_OUT_OF_RANGE, row = the row of ids) and routes it to the last expert, and a row
+// naming one expert twice (MW_DUPLICATE_INDEX). The runtime turns the report into the typed error
+// at the next read or synchronize.
 //
 // Launch (runtime/src/gpu/ops/rows.rs sizes the grids; every kernel grid-strides, so any grid is
 // correct):
@@ -244,4 +253,88 @@ MW_KERNEL_BOUNDS(scatter_add_rows_f32, ScatterAddRowsParams, mw_rows::SCATTER_TH
     } else {
         mw_rows::scatter_add<float>(p);
     }
+}
+
+// ---- experts: Mixtral's routing on the device --------------------------------------------------
+
+namespace mw_rows {
+
+// Threads of experts_route: one per (row, pick) pair.
+constexpr int ROUTE_THREADS = 256;
+static_assert(MW_MAX_EXPERTS <= MW_WARP, "one lane of warp 0 per expert");
+
+MW_DEV int lane_count(mw_lanemask m) {
+#if MW_WARP == 64
+    return __popcll(m);
+#else
+    return __popc(m);
+#endif
+}
+
+// Each thread places its pair by counting: pos = the pairs of smaller experts, plus the pairs of
+// its expert before it (so the order is (expert, pair), stable); its rank among its row's picks
+// by expert gives row_pos. Warp 0 lists the experts with pairs by ballot.
+MW_DEV void experts_route(const ExpertsRouteParams& p) {
+    MW_SHARED(uint32_t[ROUTE_THREADS], ids_smem);
+    const uint32_t pairs = p.rows * p.k, t = threadIdx.x;
+    uint32_t e = 0;
+    if (t < pairs) {
+        e = p.ids[t];
+        if (e >= p.experts) {
+            mw::report(p.status, MW_OP_EXPERTS, MW_INDEX_OUT_OF_RANGE, t / p.k, e, p.experts);
+            e = p.experts - 1;
+        }
+        ids_smem[t] = e;
+    }
+    __syncthreads();
+    if (t < pairs) {
+        const uint32_t r = t / p.k, s = t % p.k;
+        uint32_t below = 0, before = 0, rank = 0;
+        for (uint32_t q = 0; q < pairs; ++q) {
+            const uint32_t f = ids_smem[q];
+            below += f < e ? 1u : 0u;
+            before += f == e && q < t ? 1u : 0u;
+        }
+        for (uint32_t s2 = 0; s2 < p.k; ++s2) {
+            const uint32_t f = ids_smem[r * p.k + s2];
+            rank += f < e || (f == e && s2 < s) ? 1u : 0u;
+            if (f == e && s2 < s) mw::report(p.status, MW_OP_EXPERTS, MW_DUPLICATE_INDEX, r, e, p.experts);
+        }
+        const uint32_t pos = below + before;
+        p.order[pos] = r;
+        p.sorted_w[pos] = p.weights[t];
+        p.row_pos[r * p.k + rank] = pos;
+    }
+    if (t <= p.experts) {
+        uint32_t below = 0;
+        for (uint32_t q = 0; q < pairs; ++q) below += ids_smem[q] < t ? 1u : 0u;
+        p.offsets[t] = below;
+    }
+    if (t < MW_WARP) {
+        bool has = false;
+        for (uint32_t q = 0; t < p.experts && q < pairs; ++q) has = has || ids_smem[q] == t;
+        const mw_lanemask mask = __ballot_sync(MW_FULL_MASK, has);
+        if (has) p.active[1 + lane_count(mask & ((mw_lanemask(1) << t) - 1))] = t;
+        if (t == 0) p.active[0] = uint32_t(lane_count(mask));
+    }
+}
+
+MW_DEV void experts_combine(const ExpertsCombineParams& p) {
+    const uint64_t n = p.rows * p.cols, stride = uint64_t(gridDim.x) * blockDim.x;
+    for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const uint64_t r = i / p.cols, c = i % p.cols;
+        float acc = 0.0f;
+        for (uint32_t t = 0; t < p.k; ++t) {
+            const uint64_t at = p.row_pos[r * p.k + t];
+            acc = fmaf(p.sorted_w[at], p.ys[at * p.cols + c], acc);
+        }
+        p.out[i] = acc;
+    }
+}
+
+}  // namespace mw_rows
+
+MW_KERNEL_BOUNDS(experts_route, ExpertsRouteParams, mw_rows::ROUTE_THREADS) { mw_rows::experts_route(p); }
+MW_KERNEL_BOUNDS(experts_combine_f32, ExpertsCombineParams, mw_rows::SCATTER_THREADS) {
+    mw_rows::experts_combine(p);
 }

@@ -50,7 +50,10 @@ fn run<B: Backend>(model: &Model<B>, graphs: bool, sampling: SamplingParams, wid
 where
     B::Storage: 'static,
 {
-    let prompts = [vec![221u32, 416, 172, 430, 292, 35, 442], vec![269, 274, 115, 147], vec![7, 8, 9]];
+    // Token ids folded into the model's vocabulary (the Mixtral fixtures have 256).
+    let vocab = model.config.vocab_size as u32;
+    let prompts = [vec![221u32, 416, 172, 430, 292, 35, 442], vec![269, 274, 115, 147], vec![7, 8, 9]]
+        .map(|p| p.into_iter().map(|t| t % vocab).collect::<Vec<u32>>());
     let calls: [&[Vec<u32>]; 3] = [&prompts[..1], &prompts[..], &prompts[..1]];
     let session_options =
         SessionOptions { max_batch: 3, capacity: 64, cache_dtype: DType::F32, graphs, ..Default::default() };
@@ -78,12 +81,13 @@ where
     out
 }
 
-/// Graph replay against op by op on `backend`, greedy and sampled.
-fn replay_matches_op_by_op<B: Backend>(backend: B)
+/// Graph replay against op by op on `backend`, greedy and sampled, for the parity fixture
+/// `fixture` (a Mixtral's decode steps record too: its experts route on the device).
+fn replay_matches_op_by_op<B: Backend>(backend: B, fixture: &str)
 where
     B::Storage: 'static,
 {
-    let dir = parity_kit::fixtures().join("llama31_gqa_bf16");
+    let dir = parity_kit::fixtures().join(fixture);
     let model = Model::load(backend, &dir, |_, _| {}).unwrap_or_else(|e| panic!("load: {e}"));
     let who = model.backend.name();
     let sampled = SamplingParams { temperature: 0.9, top_k: 40, top_p: 0.95 };
@@ -111,8 +115,30 @@ where
 #[test]
 fn decode_graphs_replay_bit_for_bit_on_the_emulated_gpus() {
     use memwall::runtime::gpu::emu::Schedule;
-    replay_matches_op_by_op(memwall::emulated_backend(Schedule::Random(0x9a)).expect("emu"));
-    replay_matches_op_by_op(memwall::emulated_hip_backend(Schedule::Forward).expect("hip-emu"));
+    replay_matches_op_by_op(
+        memwall::emulated_backend(Schedule::Random(0x9a)).expect("emu"),
+        "llama31_gqa_bf16",
+    );
+    replay_matches_op_by_op(
+        memwall::emulated_hip_backend(Schedule::Forward).expect("hip-emu"),
+        "llama31_gqa_bf16",
+    );
+}
+
+/// A Mixtral's decode steps (`experts` routed on the device: nothing read back mid-step) record
+/// and replay bit for bit too, top-2 of bf16 experts and top-1 of f32 ones.
+#[cfg(feature = "emulate")]
+#[test]
+fn mixtral_decode_graphs_replay_bit_for_bit_on_the_emulated_gpus() {
+    use memwall::runtime::gpu::emu::Schedule;
+    replay_matches_op_by_op(
+        memwall::emulated_backend(Schedule::Random(0x9c)).expect("emu"),
+        "mixtral_top2_bf16",
+    );
+    replay_matches_op_by_op(
+        memwall::emulated_hip_backend(Schedule::Forward).expect("hip-emu"),
+        "mixtral_top1_f32",
+    );
 }
 
 /// The same with every decode GEMV on the matrix units (`Gpu::set_gemv_tensor_core_rows`):
@@ -127,7 +153,7 @@ fn decode_graphs_replay_bit_for_bit_on_the_matrix_units() {
         memwall::emulated_hip_backend(Schedule::Forward).expect("hip-emu"),
     ] {
         backend.set_gemv_tensor_core_rows(Some(1)).expect("every GEMV on the matrix units");
-        replay_matches_op_by_op(backend);
+        replay_matches_op_by_op(backend, "llama31_gqa_bf16");
     }
 }
 
@@ -143,6 +169,9 @@ fn graphs_are_a_no_op_on_the_cpu() {
 
 device_tests! {
     fn decode_graphs_replay_bit_for_bit(b, who) {
-        replay_matches_op_by_op(b);
+        replay_matches_op_by_op(b, "llama31_gqa_bf16");
+    }
+    fn mixtral_decode_graphs_replay_bit_for_bit(b, who) {
+        replay_matches_op_by_op(b, "mixtral_top2_bf16");
     }
 }

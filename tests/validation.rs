@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use common::*;
 use memmap2::Mmap;
 use memwall_runtime::{
-    Backend, DType, Error, HostStorage, HostTensor, KvCacheLayer, Linear, Llama3RopeScaling, Rope,
-    SamplingParams, Tensor, WeightScale,
+    Backend, DType, Error, Expert, ExpertsScratch, HostStorage, HostTensor, KvCacheLayer, Linear,
+    Llama3RopeScaling, Rope, SamplingParams, Tensor, WeightScale,
 };
 
 type R<T> = memwall_runtime::Result<T>;
@@ -57,6 +57,7 @@ on_both_backends!(
     token_out_of_range_writes_nothing,
     cache_rows_out_of_range_write_nothing,
     index_out_of_range_writes_nothing,
+    experts_errors,
 );
 
 // ---------------------------------------------------------------------------------------------
@@ -1775,5 +1776,95 @@ fn index_out_of_range_writes_nothing(b: &impl HostBackend) {
         let want = Error::IndexOutOfRange { op: "scatter_add_rows", row, index, len: rows };
         expect(b, "scatter_add_rows index beyond the rows", b.scatter_add_rows(&mut dst, &idx, &s, &w), want);
         assert_poisoned(b, "scatter_add_rows dst after IndexOutOfRange", &dst);
+    }
+}
+
+/// `experts`: the shapes and dtypes `check_experts` names, and the data errors of the picks
+/// (an expert beyond the layer's, a row picking one twice), which write nothing.
+fn experts_errors(b: &impl HostBackend) {
+    let mut rng = Rng::new(31);
+    let (rows, k, e, h, i) = (3, 2, 4, 8, 6);
+    let op = "experts";
+    let lin = |rng: &mut Rng, n: usize, kk: usize| Linear::plain(rnd(b, rng, DType::BF16, &[n, kk]));
+    let mats: Vec<[Linear<HostStorage>; 3]> =
+        (0..e).map(|_| [lin(&mut rng, i, h), lin(&mut rng, i, h), lin(&mut rng, h, i)]).collect();
+    let experts: Vec<Expert<'_, HostStorage>> =
+        mats.iter().map(|[gate, up, down]| Expert { gate, up, down }).collect();
+    let x = rnd(b, &mut rng, DType::F32, &[rows, h]);
+    let ids = upload_u32(b, &[rows, k], &[0, 1, 2, 3, 1, 0]);
+    let w = rnd(b, &mut rng, DType::F32, &[rows, k]);
+    let mut scratch = ExpertsScratch::alloc(b, rows, h, i).expect("scratch");
+    let mut out = z(b, DType::F32, &[rows, h]);
+    b.experts(&x, &ids, &w, &experts, &mut scratch, &mut out).expect("a valid call");
+
+    expect(b, "no experts", b.experts(&x, &ids, &w, &[], &mut scratch, &mut out), argument(op, "no experts"));
+    let wide = lin(&mut rng, i, h + 1);
+    let odd = [experts[0], Expert { gate: &wide, up: &wide, down: &mats[0][2] }];
+    expect(
+        b,
+        "experts of two shapes",
+        b.experts(&x, &ids, &w, &odd, &mut scratch, &mut out),
+        shape(op, "w_gate", &[i, h + 1], &format!("[{i}, {h}] (as expert 0)")),
+    );
+    let flat = lin(&mut rng, h, i + 1);
+    let bad_down = [Expert { down: &flat, ..experts[0] }];
+    expect(
+        b,
+        "down of the wrong shape",
+        b.experts(&x, &ids, &w, &bad_down, &mut scratch, &mut out),
+        shape(op, "w_down", &[h, i + 1], &format!("[{h}, {i}]")),
+    );
+    let f16_up = Linear::plain(z(b, DType::F16, &[i, h]));
+    let mixed = [Expert { up: &f16_up, ..experts[0] }];
+    expect(
+        b,
+        "gate and up of two dtypes",
+        b.experts(&x, &ids, &w, &mixed, &mut scratch, &mut out),
+        dtype(op, "w_up", DType::F16, &[DType::BF16]),
+    );
+    expect(
+        b,
+        "bf16 x",
+        b.experts(&z(b, DType::BF16, &[rows, h]), &ids, &w, &experts, &mut scratch, &mut out),
+        dtype(op, "x", DType::BF16, F32),
+    );
+    expect(
+        b,
+        "f32 ids",
+        b.experts(&x, &z(b, DType::F32, &[rows, k]), &w, &experts, &mut scratch, &mut out),
+        dtype(op, "ids", DType::F32, U32S),
+    );
+    expect(
+        b,
+        "more picks than experts",
+        b.experts(&x, &z(b, DType::U32, &[rows, e + 1]), &w, &experts, &mut scratch, &mut out),
+        argument(op, format!("{} picks per row of {e} experts", e + 1)),
+    );
+    expect(
+        b,
+        "weights of another shape",
+        b.experts(&x, &ids, &z(b, DType::F32, &[rows, k + 1]), &experts, &mut scratch, &mut out),
+        shape(op, "weights", &[rows, k + 1], &format!("[{rows}, {k}]")),
+    );
+    expect(
+        b,
+        "out of another shape",
+        b.experts(&x, &ids, &w, &experts, &mut scratch, &mut z(b, DType::F32, &[rows, h + 1])),
+        shape(op, "out", &[rows, h + 1], &format!("[{rows}, {h}]")),
+    );
+    let mut small = ExpertsScratch::alloc(b, rows - 1, h, i).expect("scratch");
+    match err("scratch of fewer rows", b.experts(&x, &ids, &w, &experts, &mut small, &mut out)) {
+        Error::Argument { op: "experts", msg } if msg.contains("scratch of 2 rows") => {}
+        other => panic!("{} scratch of fewer rows: {other:?}", b.name()),
+    }
+
+    for (picks, want) in [
+        (vec![0, 1, 4, 3, 1, 0], Error::IndexOutOfRange { op, row: 1, index: 4, len: e }),
+        (vec![0, 1, 2, 3, 1, 1], argument(op, "row 2 picks expert 1 twice")),
+    ] {
+        let bad = upload_u32(b, &[rows, k], &picks);
+        let mut out = poisoned(b, DType::F32, &[rows, h]);
+        expect(b, "a bad pick", b.experts(&x, &bad, &w, &experts, &mut scratch, &mut out), want);
+        assert_poisoned(b, "experts output after a bad pick", &out);
     }
 }

@@ -76,3 +76,46 @@ struct GemvTcParams {
     uint32_t splits;
 };
 MW_LAYOUT(GemvTcParams, lin, partials, arrivals, split_cols, splits)
+
+/* One expert's matrix: its weight [n, k] of the kernel's dtype <w>, and its scales as for
+ * LinearParams (block scales of the kernel's dtype <s> in the base's block shape, or null; the
+ * per-tensor `scale`, 1 when unscaled). */
+struct ExpertMatrix {
+    const void* weight;
+    const void* scales;
+    float scale;
+    uint32_t pad;
+};
+MW_LAYOUT(ExpertMatrix, weight, scales, scale, pad)
+
+/* experts_gemv_<w>[_block_<s>]_r<R> (gemv.cu): the GEMV of each expert on its own rows of x.
+ * experts_route (rows.cu) sorted the routed rows by expert: expert e owns rows [offsets[e],
+ * offsets[e + 1]) of x (f32 [rows, k]) and of y (f32 [rows, n]); active[0] experts have rows,
+ * active[1], active[2], ... Block b works for active[1 + b / blocks_per_expert] (blocks past the
+ * count return at once), as gemv_<w>[_block_<s>]_r<R> over blocks_per_expert blocks with
+ * `base` (its n, k, block shape and y_dtype MW_Y_F32; x and y the bases above) and that expert's
+ * mat[e]. An expert owns at most R rows when no row of ids repeats an expert (experts_route
+ * reports one that does; rows past R are then left unwritten). */
+struct ExpertsGemvParams {
+    struct LinearParams base;
+    const uint32_t* offsets;
+    const uint32_t* active;
+    uint32_t experts;
+    uint32_t blocks_per_expert;
+    struct ExpertMatrix mat[MW_MAX_EXPERTS];
+};
+MW_LAYOUT(ExpertsGemvParams, base, offsets, active, experts, blocks_per_expert, mat)
+
+/* experts_gate_up_<w>[_block_<s>]_r<R> (gemv.cu): gate_up_silu_<w>[_block_<s>]_r<R> of each
+ * expert on its own rows, routed as for experts_gemv: out = base's y (f32 [rows, n]), gate[e]
+ * and up[e] the expert's two matrices, scaled alike. */
+struct ExpertsGateUpParams {
+    struct LinearParams base;
+    const uint32_t* offsets;
+    const uint32_t* active;
+    uint32_t experts;
+    uint32_t blocks_per_expert;
+    struct ExpertMatrix gate[MW_MAX_EXPERTS];
+    struct ExpertMatrix up[MW_MAX_EXPERTS];
+};
+MW_LAYOUT(ExpertsGateUpParams, base, offsets, active, experts, blocks_per_expert, gate, up)

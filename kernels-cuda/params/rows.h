@@ -57,3 +57,46 @@ struct ScatterAddRowsParams {
     uint64_t rows_per_group;
 };
 MW_LAYOUT(ScatterAddRowsParams, dst, idx, src, weights, status, rows, picked, cols, rows_per_group)
+
+/* experts_route (one block of MW_ROUTE_THREADS): Mixtral's picks sorted by expert on the device.
+ * ids u32 [rows, k] (pair p = r k + s is row r's s-th pick), weights f32 [rows, k]; with pairs =
+ * rows k <= MW_ROUTE_THREADS and experts <= MW_MAX_EXPERTS (params/linear.h). Writes, with the
+ * pairs in order of (expert, p):
+ *   order[i]       the row of x sorted pair i reads (for gather_rows_f32)
+ *   sorted_w[i]    its router weight
+ *   offsets[e]     the first sorted pair of expert e, e <= experts (offsets[experts] = pairs)
+ *   active[0]      how many experts have pairs; active[1 + a] the a-th of them, ascending
+ *   row_pos[r k + t]  the sorted index of row r's t-th pick in order of expert (for
+ *                  experts_combine_f32)
+ * An id >= experts is reported (MW_OP_EXPERTS, MW_INDEX_OUT_OF_RANGE, row r, the id) and routed
+ * as experts - 1; a row naming one expert twice is reported (MW_DUPLICATE_INDEX). */
+struct ExpertsRouteParams {
+    uint32_t* order;
+    float* sorted_w;
+    uint32_t* offsets;
+    uint32_t* active;
+    uint32_t* row_pos;
+    const uint32_t* ids;
+    const float* weights;
+    unsigned int* status;
+    uint32_t rows;
+    uint32_t k;
+    uint32_t experts;
+    uint32_t pad;
+};
+MW_LAYOUT(ExpertsRouteParams, order, sorted_w, offsets, active, row_pos, ids, weights, status, rows, k, experts, pad)
+
+/* experts_combine_f32: out[r][c] = sum over t < k, in order, of sorted_w[i] * ys[i][c], i =
+ * row_pos[r k + t] (one fma each from +0: the order and rounding of scatter_add_rows_f32 into a
+ * zeroed out, expert by expert); ys f32 [rows k, cols], out f32 [rows, cols]. */
+struct ExpertsCombineParams {
+    float* out;
+    const float* ys;
+    const float* sorted_w;
+    const uint32_t* row_pos;
+    uint64_t rows;
+    uint64_t cols;
+    uint32_t k;
+    uint32_t pad;
+};
+MW_LAYOUT(ExpertsCombineParams, out, ys, sorted_w, row_pos, rows, cols, k, pad)

@@ -163,8 +163,10 @@ pub enum Op {
     AddAssign { x: Buf, y: Buf },
     /// Router softmax in f32 over all experts, top-k, renormalised.
     RouterTopk { logits: Buf, k: usize, ids: Buf, weights: Buf },
-    /// Mixtral's experts: reads the router's picks back, runs each picked expert of `layer` on the
-    /// rows of `x` that picked it, and sums `weight * expert(x)` into `out` (zeroed first).
+    /// Mixtral's experts (the backend's `experts` op): each picked expert of `layer` runs on the
+    /// rows of `x` that picked it, and `out` is the sum of `weight * expert(x)` in order of expert.
+    /// Routed on the device where the backend can (`Backend::experts_on_device`), else the picks
+    /// are read back.
     Experts { layer: usize, x: Buf, ids: Buf, weights: Buf, out: Buf },
     /// `out[i] = src[idx[i]]`.
     GatherRows { src: Buf, idx: Buf, out: Buf },

@@ -23,7 +23,10 @@
 
 use std::time::Instant;
 
-use memwall_runtime::{Backend, DType, KvCacheLayer, Recorded, SamplingParams, Storage, Tensor};
+use memwall_runtime::ops::ExpertsDims;
+use memwall_runtime::{
+    Backend, DType, Expert, ExpertsScratch, KvCacheLayer, Recorded, SamplingParams, Storage, Tensor,
+};
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
@@ -135,36 +138,6 @@ pub struct Generation {
     pub timing: Timing,
 }
 
-/// Buffers of Mixtral's expert computation: the rows of a step routed to one expert. Allocated
-/// for the worst case, every row of a step routed to the same expert (a row picks distinct
-/// experts, so no expert gets more rows than the step has); each expert runs at its own rows.
-struct Bucket<S> {
-    idx: Tensor<S>,
-    weights: Tensor<S>,
-    x: Tensor<S>,
-    gate: Tensor<S>,
-    up: Tensor<S>,
-    act: Tensor<S>,
-    out: Tensor<S>,
-}
-
-impl<S: Storage> Bucket<S> {
-    fn set_rows(&mut self, rows: usize) -> memwall_runtime::Result<()> {
-        for t in [
-            &mut self.idx,
-            &mut self.weights,
-            &mut self.x,
-            &mut self.gate,
-            &mut self.up,
-            &mut self.act,
-            &mut self.out,
-        ] {
-            t.set_rows(rows)?;
-        }
-        Ok(())
-    }
-}
-
 /// Whether a buffer has one row per sequence of a step (else one per row of the step).
 fn per_sequence(b: Buf) -> bool {
     match b {
@@ -204,10 +177,8 @@ struct Workspace<S> {
     /// Most rows of a step that computes the logits of every row (`AllLogits`).
     all_rows: usize,
     bufs: Vec<Option<Tensor<S>>>,
-    /// Mixtral only.
-    bucket: Option<Bucket<S>>,
-    /// Host zeros to clear `Proj` before the experts add into it (Mixtral only).
-    zeros: Vec<u8>,
+    /// The host-routed experts' buffers (Mixtral only).
+    experts: Option<ExpertsScratch<S>>,
 }
 
 impl<S: Storage> Workspace<S> {
@@ -240,7 +211,7 @@ impl<S: Storage> Workspace<S> {
         set(Buf::Seeds, u32s(&[seqs])?);
         set(Buf::Steps, u32s(&[seqs])?);
         set(Buf::AllLogits, f32s(&[all_rows, v])?);
-        let (mut bucket, mut zeros) = (None, Vec::new());
+        let mut experts = None;
         match c.moe {
             None => {
                 set(Buf::Gate, f32s(&[rows, i])?);
@@ -251,19 +222,10 @@ impl<S: Storage> Workspace<S> {
                 set(Buf::RouterLogits, f32s(&[rows, moe.num_experts])?);
                 set(Buf::RouterIds, u32s(&[rows, moe.experts_per_token])?);
                 set(Buf::RouterWeights, f32s(&[rows, moe.experts_per_token])?);
-                bucket = Some(Bucket {
-                    idx: u32s(&[rows])?,
-                    weights: f32s(&[rows])?,
-                    x: f32s(&[rows, h])?,
-                    gate: f32s(&[rows, i])?,
-                    up: f32s(&[rows, i])?,
-                    act: f32s(&[rows, i])?,
-                    out: f32s(&[rows, h])?,
-                });
-                zeros = vec![0u8; rows * h * DType::F32.size()];
+                experts = Some(ExpertsScratch::alloc(b, rows, h, i)?);
             }
         }
-        Ok(Workspace { rows, seqs, all_rows, bufs, bucket, zeros })
+        Ok(Workspace { rows, seqs, all_rows, bufs, experts })
     }
 
     fn take(&mut self, b: Buf) -> Result<Tensor<S>> {
@@ -796,7 +758,15 @@ impl<'m, B: Backend> Session<'m, B> {
         params: &SamplingParams,
     ) -> Option<GraphKey> {
         let decode = rows == seqs && !all_logits;
-        let host_free = || !self.model.graph.step_ops(false).any(|op| matches!(op, Op::Experts { .. }));
+        let host_free = || {
+            self.model.graph.step_ops(false).all(|op| match op {
+                Op::Experts { layer, .. } => self.model.experts(*layer).is_ok_and(|list| {
+                    let experts: Vec<Expert<'_, B::Storage>> = list.iter().map(Mlp::expert).collect();
+                    self.model.backend.experts_on_device(self.experts_dims(rows, experts.len()), &experts)
+                }),
+                _ => true,
+            })
+        };
         (self.options.graphs && decode && host_free()).then(|| GraphKey {
             rows,
             sampling: (params.temperature != 0.0)
@@ -985,10 +955,12 @@ impl<'m, B: Backend> Session<'m, B> {
         Ok(())
     }
 
-    /// Mixtral's sparse MLP: the router's picks are read back, and each picked expert runs on the
-    /// rows that picked it (gathered into the bucket, set to that many rows), its output scattered
-    /// into `out` times the router weight, in expert order (the order of transformers'
-    /// `index_add_`). Experts no row picked are not read.
+    /// Mixtral's sparse MLP: the backend's `experts` op (each picked expert on the rows that
+    /// picked it, added into `out` times the router weight in expert order, the order of
+    /// transformers' `index_add_`; experts no row picked are not read). Where the backend routes
+    /// on the host it reads the picks back anyway, and the rows per expert are kept for the
+    /// step's cost; a device-routed step reads nothing back, and its cost counts the expected
+    /// experts.
     fn experts(
         &mut self,
         ws: &mut Workspace<B::Storage>,
@@ -1000,35 +972,41 @@ impl<'m, B: Backend> Session<'m, B> {
     ) -> Result<()> {
         let model = self.model;
         let b = &model.backend;
-        let experts = model.experts(layer)?;
-        let k = ws.get(ids)?.shape()[1];
-        let picks = b.read_u32(ws.get(ids)?)?;
-        let pick_w = b.read_f32(ws.get(weights)?)?;
-        let mut routed: Vec<Vec<(u32, f32)>> = vec![Vec::new(); experts.len()];
-        for (j, (&e, &w)) in picks.iter().zip(&pick_w).enumerate() {
-            let list = routed.get_mut(e as usize).ok_or_else(|| {
-                ModelError::Session(format!("router picked expert {e} of {}", experts.len()))
-            })?;
-            list.push(((j / k) as u32, w));
-        }
-        self.last_expert_rows.push(routed.iter().map(Vec::len).collect());
-
-        let src = ws.take(x)?;
-        let mut dst = match ws.take(out) {
-            Ok(t) => t,
-            Err(e) => {
-                ws.put(x, src);
-                return Err(e);
+        let experts: Vec<Expert<'_, B::Storage>> = model.experts(layer)?.iter().map(Mlp::expert).collect();
+        let d = self.experts_dims(ws.get(x)?.shape()[0], experts.len());
+        if !b.experts_on_device(d, &experts) {
+            let mut rows = vec![0usize; experts.len()];
+            for e in b.read_u32(ws.get(ids)?)? {
+                // An id beyond the experts is the op's error, below.
+                if let Some(n) = rows.get_mut(e as usize) {
+                    *n += 1;
+                }
             }
-        };
-        let Workspace { bucket, zeros, .. } = &mut *ws;
-        let result = match (bucket.as_mut(), zeros.get(..dst.nbytes())) {
-            (Some(bucket), Some(zeros)) => run_experts(b, experts, &routed, bucket, zeros, &src, &mut dst),
-            _ => Err(ModelError::Session("the workspace has no expert buffers for this step".into())),
+            self.last_expert_rows.push(rows);
+        }
+        // Present, so that none of the takes below fails with another buffer taken.
+        for buf in [x, ids, weights, out] {
+            ws.get(buf)?;
+        }
+        let (src, picks, pick_w, mut dst) = (ws.take(x)?, ws.take(ids)?, ws.take(weights)?, ws.take(out)?);
+        let result = match ws.experts.as_mut() {
+            Some(scratch) => {
+                b.experts(&src, &picks, &pick_w, &experts, scratch, &mut dst).map_err(Into::into)
+            }
+            None => Err(ModelError::Session("the workspace has no expert buffers for this step".into())),
         };
         ws.put(out, dst);
+        ws.put(weights, pick_w);
+        ws.put(ids, picks);
         ws.put(x, src);
         result
+    }
+
+    /// The `experts` op's dims at `rows` rows of a layer of `experts` experts.
+    fn experts_dims(&self, rows: usize, experts: usize) -> ExpertsDims {
+        let c = &self.model.config;
+        let k = c.moe.map_or(0, |m| m.experts_per_token);
+        ExpertsDims { rows, k, experts, hidden: c.hidden_size, inter: c.intermediate_size }
     }
 
     /// Checks a batch request against the session and the model before any compute.
@@ -1200,42 +1178,6 @@ impl<'m, B: Backend> Session<'m, B> {
         out.timing.decode_s = t1.elapsed().as_secs_f64();
         Ok(out)
     }
-}
-
-/// Runs each picked expert on the rows routed to it (see `Session::experts`): `dst` is zeroed,
-/// then for each expert in order, `dst[row] += weight * expert(src[row])`.
-fn run_experts<B: Backend>(
-    b: &B,
-    experts: &[Mlp<B::Storage>],
-    routed: &[Vec<(u32, f32)>],
-    bucket: &mut Bucket<B::Storage>,
-    zeros: &[u8],
-    src: &Tensor<B::Storage>,
-    dst: &mut Tensor<B::Storage>,
-) -> Result<()> {
-    b.write(dst, zeros)?;
-    for (expert, list) in experts.iter().zip(routed) {
-        if list.is_empty() {
-            continue;
-        }
-        let idx: Vec<u32> = list.iter().map(|p| p.0).collect();
-        let wts: Vec<f32> = list.iter().map(|p| p.1).collect();
-        // At most the rows of the step (a row picks distinct experts); more is an error here.
-        bucket.set_rows(list.len())?;
-        b.write(&mut bucket.idx, bytemuck::cast_slice(&idx))?;
-        b.write(&mut bucket.weights, bytemuck::cast_slice(&wts))?;
-        b.gather_rows(src, &bucket.idx, &mut bucket.x)?;
-        b.gate_up_silu(
-            &bucket.x,
-            &expert.gate,
-            &expert.up,
-            (&mut bucket.gate, &mut bucket.up),
-            &mut bucket.act,
-        )?;
-        b.linear(&bucket.act, &expert.down, &mut bucket.out)?;
-        b.scatter_add_rows(dst, &bucket.idx, &bucket.out, &bucket.weights)?;
-    }
-    Ok(())
 }
 
 /// The shape of a step over `rows`, for [`Model::op_cost`].

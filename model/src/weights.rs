@@ -14,7 +14,7 @@
 use std::any::{Any, TypeId};
 use std::collections::{BTreeMap, BTreeSet};
 
-use memwall_runtime::{Backend, DType, HostStorage, HostTensor, Linear, Tensor, WeightScale, fp8};
+use memwall_runtime::{Backend, DType, Expert, HostStorage, HostTensor, Linear, Tensor, WeightScale, fp8};
 use safetensors::tensor::Dtype;
 
 use crate::checkpoint::{Checkpoint, TensorRecord};
@@ -217,6 +217,13 @@ pub struct Mlp<S> {
     pub up: Linear<S>,
     /// `down_proj` / `w2`, `[h, i]`.
     pub down: Linear<S>,
+}
+
+impl<S> Mlp<S> {
+    /// The three projections as the runtime's `experts` op takes one expert.
+    pub fn expert(&self) -> Expert<'_, S> {
+        Expert { gate: &self.gate, up: &self.up, down: &self.down }
+    }
 }
 
 #[derive(Debug)]

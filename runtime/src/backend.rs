@@ -6,8 +6,8 @@
 //! backends make them before writing anything and return the typed error.
 
 use crate::ops::{
-    self, AttnDims, GatherDims, KvCacheLayer, Linear, LinearDims, RopeDims, RowsDims, SamplingParams,
-    TopKDims,
+    self, AttnDims, Expert, ExpertsDims, ExpertsScratch, GatherDims, KvCacheLayer, Linear, LinearDims,
+    RopeDims, RowsDims, SamplingParams, TopKDims,
 };
 use crate::{DType, Error, Result, Rope, Storage, Tensor, tensor};
 
@@ -212,6 +212,27 @@ pub trait Backend: Send + Sync {
         src: &Tensor<Self::Storage>,
         weights: &Tensor<Self::Storage>,
     ) -> Result<()>;
+    /// `experts` (see [`Backend::experts`]); by default [`experts_composed`], routed on the host.
+    #[allow(clippy::too_many_arguments)]
+    fn exec_experts(
+        &self,
+        d: ExpertsDims,
+        x: &Tensor<Self::Storage>,
+        ids: &Tensor<Self::Storage>,
+        weights: &Tensor<Self::Storage>,
+        experts: &[Expert<'_, Self::Storage>],
+        scratch: &mut ExpertsScratch<Self::Storage>,
+        out: &mut Tensor<Self::Storage>,
+    ) -> Result<()> {
+        experts_composed(self, d, x, ids, weights, experts, scratch, out)
+    }
+    /// Whether `exec_experts` at `d` routes on the device: it reads nothing back and queues only
+    /// kernel launches, so a step holding it can be recorded as a graph ([`Backend::capture`]).
+    /// False by default (the host-routed [`experts_composed`] reads the picks back).
+    fn experts_on_device(&self, d: ExpertsDims, experts: &[Expert<'_, Self::Storage>]) -> bool {
+        let _ = (d, experts);
+        false
+    }
 
     // ---- memory (checked) -------------------------------------------------------------------
 
@@ -455,6 +476,24 @@ pub trait Backend: Send + Sync {
         let d = ops::check_scatter_add_rows(dst, idx, src, weights)?;
         self.exec_scatter_add_rows(d, dst, idx, src, weights)
     }
+
+    /// Mixtral's sparse MLP (`ops::check_experts`): `out[r] = sum over s of weights[r][s] *
+    /// down_e(silu(x[r] . gate_e^T) * (x[r] . up_e^T))`, `e = ids[r][s]`, the terms added in order
+    /// of expert (the order of transformers' `index_add_`), each picked expert's weights read once
+    /// for all the rows that picked it, experts no row picked not read. `scratch` serves the
+    /// host-routed path ([`experts_composed`]).
+    fn experts(
+        &self,
+        x: &Tensor<Self::Storage>,
+        ids: &Tensor<Self::Storage>,
+        weights: &Tensor<Self::Storage>,
+        experts: &[Expert<'_, Self::Storage>],
+        scratch: &mut ExpertsScratch<Self::Storage>,
+        out: &mut Tensor<Self::Storage>,
+    ) -> Result<()> {
+        let d = ops::check_experts(x, ids, weights, experts, scratch, out)?;
+        self.exec_experts(d, x, ids, weights, experts, scratch, out)
+    }
 }
 
 /// A graph of recorded launches ([`Backend::Graph`]).
@@ -518,6 +557,56 @@ pub fn gate_up_silu_composed<B: Backend + ?Sized>(
     b.exec_linear(d, x, w_gate, gate)?;
     b.exec_linear(d, x, w_up, up)?;
     b.exec_silu_mul(RowsDims { rows: d.m, cols: d.n }, gate, up, out)
+}
+
+/// `experts` routed on the host, from the backend's own ops: the picks and their weights are read
+/// back and checked (an id beyond the experts is `IndexOutOfRange`, a row naming an expert twice an
+/// `Argument` error, both before anything is written); `out` is zeroed; then for each picked
+/// expert in order, its rows are gathered into the scratch, run through `gate_up_silu` and the down
+/// `linear`, and added into `out` times their weights (`scatter_add_rows`). The default of
+/// [`Backend::exec_experts`], and a device-routing backend's path for shapes its kernels do not
+/// take. `d` must come from `ops::check_experts`.
+#[allow(clippy::too_many_arguments)]
+pub fn experts_composed<B: Backend + ?Sized>(
+    b: &B,
+    d: ExpertsDims,
+    x: &Tensor<B::Storage>,
+    ids: &Tensor<B::Storage>,
+    weights: &Tensor<B::Storage>,
+    experts: &[Expert<'_, B::Storage>],
+    scratch: &mut ExpertsScratch<B::Storage>,
+    out: &mut Tensor<B::Storage>,
+) -> Result<()> {
+    let op = "experts";
+    let picks = b.read_u32(ids)?;
+    let pick_w = b.read_f32(weights)?;
+    let mut routed: Vec<Vec<(u32, f32)>> = vec![Vec::new(); d.experts];
+    for (j, (&e, &w)) in picks.iter().zip(&pick_w).enumerate() {
+        let row = j / d.k;
+        let list =
+            routed.get_mut(e as usize).ok_or(Error::IndexOutOfRange { op, row, index: e, len: d.experts })?;
+        if list.last().is_some_and(|&(r, _)| r as usize == row) {
+            return Err(Error::Argument { op, msg: format!("row {row} picks expert {e} twice") });
+        }
+        list.push((row as u32, w));
+    }
+    b.write(out, &scratch.zeros[..out.nbytes()])?;
+    for (expert, list) in experts.iter().zip(&routed) {
+        if list.is_empty() {
+            continue;
+        }
+        let idx: Vec<u32> = list.iter().map(|p| p.0).collect();
+        let wts: Vec<f32> = list.iter().map(|p| p.1).collect();
+        scratch.set_rows(list.len())?;
+        let s = &mut *scratch;
+        b.write(&mut s.idx, bytemuck::cast_slice(&idx))?;
+        b.write(&mut s.weights, bytemuck::cast_slice(&wts))?;
+        b.gather_rows(x, &s.idx, &mut s.x)?;
+        b.gate_up_silu(&s.x, expert.gate, expert.up, (&mut s.gate, &mut s.up), &mut s.act)?;
+        b.linear(&s.act, expert.down, &mut s.out)?;
+        b.scatter_add_rows(out, &s.idx, &s.out, &s.weights)?;
+    }
+    Ok(())
 }
 
 /// `inner` reporting another fp8 flavour: every op is `inner`'s (whose kernels take both e4m3
@@ -651,6 +740,21 @@ impl<B: Backend, H: Hook> Backend for Wrapped<B, H> {
         weights: &T<B>,
     ) -> Result<()> {
         self.inner.exec_scatter_add_rows(d, dst, idx, src, weights)
+    }
+    fn exec_experts(
+        &self,
+        d: ExpertsDims,
+        x: &T<B>,
+        ids: &T<B>,
+        weights: &T<B>,
+        experts: &[Expert<'_, B::Storage>],
+        scratch: &mut ExpertsScratch<B::Storage>,
+        out: &mut T<B>,
+    ) -> Result<()> {
+        self.inner.exec_experts(d, x, ids, weights, experts, scratch, out)
+    }
+    fn experts_on_device(&self, d: ExpertsDims, experts: &[Expert<'_, B::Storage>]) -> bool {
+        self.inner.experts_on_device(d, experts)
     }
 }
 

@@ -58,6 +58,79 @@ impl Linear<HostStorage> {
     }
 }
 
+/// One expert of a sparse MLP (Mixtral's `block_sparse_moe.experts[e]`): `down(silu(x . gate^T) *
+/// (x . up^T))`, gate and up `[inter, hidden]`, down `[hidden, inter]`.
+#[derive(Debug)]
+pub struct Expert<'a, S> {
+    pub gate: &'a Linear<S>,
+    pub up: &'a Linear<S>,
+    pub down: &'a Linear<S>,
+}
+
+impl<S> Clone for Expert<'_, S> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<S> Copy for Expert<'_, S> {}
+
+/// The buffers of the host-routed `experts` ([`crate::backend::experts_composed`]), allocated once for steps of
+/// up to `rows` rows (the session's workspace): the rows one expert runs on, gathered, and its
+/// intermediates. A backend that routes on the device does not touch them.
+#[derive(Debug)]
+pub struct ExpertsScratch<S> {
+    pub idx: Tensor<S>,
+    pub weights: Tensor<S>,
+    pub x: Tensor<S>,
+    pub gate: Tensor<S>,
+    pub up: Tensor<S>,
+    pub act: Tensor<S>,
+    pub out: Tensor<S>,
+    pub(crate) zeros: Vec<u8>,
+}
+
+impl<S: Storage> ExpertsScratch<S> {
+    /// Scratch for steps of at most `rows` rows of a model of `hidden` / `inter` features.
+    pub fn alloc<B: Backend<Storage = S> + ?Sized>(
+        b: &B,
+        rows: usize,
+        hidden: usize,
+        inter: usize,
+    ) -> Result<Self> {
+        let f32s = |cols: usize| b.alloc(DType::F32, &[rows, cols]);
+        Ok(ExpertsScratch {
+            idx: b.alloc(DType::U32, &[rows])?,
+            weights: b.alloc(DType::F32, &[rows])?,
+            x: f32s(hidden)?,
+            gate: f32s(inter)?,
+            up: f32s(inter)?,
+            act: f32s(inter)?,
+            out: f32s(hidden)?,
+            zeros: vec![0u8; rows * hidden * DType::F32.size()],
+        })
+    }
+
+    /// The most rows a step may have.
+    pub fn rows(&self) -> usize {
+        self.x.max_rows()
+    }
+
+    pub(crate) fn set_rows(&mut self, rows: usize) -> Result<()> {
+        for t in [
+            &mut self.idx,
+            &mut self.weights,
+            &mut self.x,
+            &mut self.gate,
+            &mut self.up,
+            &mut self.act,
+            &mut self.out,
+        ] {
+            t.set_rows(rows)?;
+        }
+        Ok(())
+    }
+}
+
 /// One layer's KV cache, paged: `k` and `v` are `[num_blocks, block_size, kv_heads, head_dim]`,
 /// f32, bf16 or f16. A block table (u32 `[slots, max_blocks]`, shared by every layer, passed to
 /// `kv_store` and `attention`) maps a sequence slot's positions to blocks: position `p` of slot `s`
@@ -247,6 +320,19 @@ pub struct GatherDims {
     pub cols: usize,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertsDims {
+    /// Rows of x and out (tokens).
+    pub rows: usize,
+    /// Picks per row.
+    pub k: usize,
+    /// Experts of the layer.
+    pub experts: usize,
+    pub hidden: usize,
+    /// The experts' intermediate features.
+    pub inter: usize,
+}
+
 // ---------------------------------------------------------------------------------------------
 // Checks
 
@@ -408,6 +494,23 @@ pub fn check_gate_up_silu<S: Storage>(
     out: &Tensor<S>,
 ) -> Result<LinearDims> {
     let op = "gate_up_silu";
+    let (n, k) = check_gate_up_silu_weights(op, w_gate, w_up)?;
+    expect_dtype(op, "x", x.dtype(), &DType::ACTIVATIONS)?;
+    let [m, _] = expect_shape(op, "x", x.shape(), [None, Some(k)])?;
+    nonempty(op, "x", x.shape())?;
+    for (name, t) in [("gate", gate), ("up", up), ("out", out)] {
+        expect_dtype(op, name, t.dtype(), F32_ONLY)?;
+        expect_shape(op, name, t.shape(), [Some(m), Some(n)])?;
+    }
+    Ok(LinearDims { m, n, k })
+}
+
+/// Gate and up weights of one shape `(n, k)` and dtype, scaled alike.
+fn check_gate_up_silu_weights<S: Storage>(
+    op: &'static str,
+    w_gate: &Linear<S>,
+    w_up: &Linear<S>,
+) -> Result<(usize, usize)> {
     let (n, k) = check_named_weight(op, ("w_gate", "gate_scale"), w_gate)?;
     check_named_weight(op, ("w_up", "up_scale"), w_up)?;
     if w_up.weight.shape() != w_gate.weight.shape() {
@@ -424,14 +527,7 @@ pub fn check_gate_up_silu<S: Storage>(
             expected: gate_kind,
         });
     }
-    expect_dtype(op, "x", x.dtype(), &DType::ACTIVATIONS)?;
-    let [m, _] = expect_shape(op, "x", x.shape(), [None, Some(k)])?;
-    nonempty(op, "x", x.shape())?;
-    for (name, t) in [("gate", gate), ("up", up), ("out", out)] {
-        expect_dtype(op, name, t.dtype(), F32_ONLY)?;
-        expect_shape(op, name, t.shape(), [Some(m), Some(n)])?;
-    }
-    Ok(LinearDims { m, n, k })
+    Ok((n, k))
 }
 
 /// `y = x / sqrt(mean(x^2) + eps) * weight`, per row; x, y f32 `[rows, cols]`, weight `[cols]`.
@@ -700,4 +796,63 @@ pub fn check_scatter_add_rows<S: Storage>(
     expect_dtype(op, "weights", weights.dtype(), F32_ONLY)?;
     expect_shape(op, "weights", weights.shape(), [Some(dims.picked)])?;
     Ok(dims)
+}
+
+/// Mixtral's sparse MLP: `out[r] = sum over s < k of weights[r][s] * expert_e(x[r])`, `e =
+/// ids[r][s]`, each `expert_e` an [`Expert`]; x, out f32 `[rows, hidden]`, ids u32 and weights f32
+/// `[rows, k]`. Every expert has one shape (gate and up `[inter, hidden]` of one dtype, scaled
+/// alike; down `[hidden, inter]`). The scratch holds `rows` rows. Data-dependent (the kernel's):
+/// an id beyond the experts is `IndexOutOfRange`, a row naming one expert twice an `Argument`
+/// error.
+pub fn check_experts<S: Storage>(
+    x: &Tensor<S>,
+    ids: &Tensor<S>,
+    weights: &Tensor<S>,
+    experts: &[Expert<'_, S>],
+    scratch: &ExpertsScratch<S>,
+    out: &Tensor<S>,
+) -> Result<ExpertsDims> {
+    let op = "experts";
+    let first = experts.first().ok_or_else(|| arg(op, "no experts".into()))?;
+    let (inter, hidden) = check_named_weight(op, ("w_gate", "gate_scale"), first.gate)?;
+    for e in experts {
+        let gate = check_gate_up_silu_weights(op, e.gate, e.up)?;
+        if gate != (inter, hidden) {
+            return Err(shape_err(
+                op,
+                "w_gate",
+                e.gate.weight.shape(),
+                format!("[{inter}, {hidden}] (as expert 0)"),
+            ));
+        }
+        let down = check_named_weight(op, ("w_down", "down_scale"), e.down)?;
+        if down != (hidden, inter) {
+            return Err(shape_err(op, "w_down", e.down.weight.shape(), format!("[{hidden}, {inter}]")));
+        }
+    }
+    expect_dtype(op, "x", x.dtype(), F32_ONLY)?;
+    let [rows, _] = expect_shape(op, "x", x.shape(), [None, Some(hidden)])?;
+    nonempty(op, "x", x.shape())?;
+    expect_dtype(op, "ids", ids.dtype(), U32_ONLY)?;
+    let [_, k] = expect_shape(op, "ids", ids.shape(), [Some(rows), None])?;
+    nonempty(op, "ids", ids.shape())?;
+    if k > experts.len() {
+        return Err(arg(op, format!("{k} picks per row of {} experts", experts.len())));
+    }
+    expect_dtype(op, "weights", weights.dtype(), F32_ONLY)?;
+    expect_shape(op, "weights", weights.shape(), [Some(rows), Some(k)])?;
+    expect_dtype(op, "out", out.dtype(), F32_ONLY)?;
+    expect_shape(op, "out", out.shape(), [Some(rows), Some(hidden)])?;
+    if scratch.rows() < rows || scratch.x.shape()[1..] != [hidden] || scratch.gate.shape()[1..] != [inter] {
+        return Err(arg(
+            op,
+            format!(
+                "scratch of {} rows of {:?} / {:?} features for {rows} rows of {hidden} / {inter}",
+                scratch.rows(),
+                &scratch.x.shape()[1..],
+                &scratch.gate.shape()[1..]
+            ),
+        ));
+    }
+    Ok(ExpertsDims { rows, k, experts: experts.len(), hidden, inter })
 }

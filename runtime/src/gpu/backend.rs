@@ -3,7 +3,8 @@
 
 use super::{Device, Gpu, GpuGraph, GpuStorage, ops};
 use crate::ops::{
-    AttnDims, GatherDims, KvCacheLayer, Linear, LinearDims, RopeDims, RowsDims, SamplingParams, TopKDims,
+    AttnDims, Expert, ExpertsDims, ExpertsScratch, GatherDims, KvCacheLayer, Linear, LinearDims, RopeDims,
+    RowsDims, SamplingParams, TopKDims,
 };
 use crate::{Backend, DType, Error, Result, Rope, Tensor};
 
@@ -165,5 +166,22 @@ impl<D: Device> Backend for Gpu<D> {
         weights: &T<D>,
     ) -> Result<()> {
         ops::rows::scatter_add_rows(self, d, dst, idx, src, weights)
+    }
+
+    fn exec_experts(
+        &self,
+        d: ExpertsDims,
+        x: &T<D>,
+        ids: &T<D>,
+        weights: &T<D>,
+        experts: &[Expert<'_, Self::Storage>],
+        scratch: &mut ExpertsScratch<Self::Storage>,
+        out: &mut T<D>,
+    ) -> Result<()> {
+        ops::experts::experts(self, d, x, ids, weights, experts, scratch, out)
+    }
+
+    fn experts_on_device(&self, d: ExpertsDims, experts: &[Expert<'_, Self::Storage>]) -> bool {
+        ops::experts::on_device::<D>(d, experts)
     }
 }

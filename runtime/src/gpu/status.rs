@@ -16,6 +16,7 @@ pub const SLOT_OUT_OF_RANGE: u32 = 2;
 pub const CONTEXT_OVERFLOW: u32 = 3;
 pub const INDEX_OUT_OF_RANGE: u32 = 4;
 pub const BLOCK_OUT_OF_RANGE: u32 = 5;
+pub const DUPLICATE_INDEX: u32 = 6;
 
 /// Which op reported it (`op`, `code >> 8`).
 pub const OP_EMBEDDING: u32 = 1;
@@ -23,6 +24,7 @@ pub const OP_KV_STORE: u32 = 2;
 pub const OP_ATTENTION: u32 = 3;
 pub const OP_GATHER_ROWS: u32 = 4;
 pub const OP_SCATTER_ADD_ROWS: u32 = 5;
+pub const OP_EXPERTS: u32 = 6;
 
 fn op_name(op: u32) -> &'static str {
     match op {
@@ -31,6 +33,7 @@ fn op_name(op: u32) -> &'static str {
         OP_ATTENTION => "attention",
         OP_GATHER_ROWS => "gather_rows",
         OP_SCATTER_ADD_ROWS => "scatter_add_rows",
+        OP_EXPERTS => "experts",
         _ => "kernel",
     }
 }
@@ -50,6 +53,7 @@ pub fn decode(bytes: &[u8; STATUS_BYTES]) -> Option<Error> {
         CONTEXT_OVERFLOW => Error::ContextOverflow { op, row, pos: value, capacity: limit },
         INDEX_OUT_OF_RANGE => Error::IndexOutOfRange { op, row, index: value, len: limit },
         BLOCK_OUT_OF_RANGE => Error::BlockOutOfRange { op, row, block: value, blocks: limit },
+        DUPLICATE_INDEX => Error::Argument { op, msg: format!("row {row} picks expert {value} twice") },
         kind => {
             Error::Argument { op, msg: format!("kernel reported unknown error kind {kind} at row {row}") }
         }

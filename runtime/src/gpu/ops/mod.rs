@@ -9,6 +9,7 @@
 
 pub mod attention;
 pub mod elementwise;
+pub mod experts;
 pub mod gemm;
 pub mod linear;
 pub mod rows;
@@ -56,6 +57,7 @@ pub fn kernel_names() -> Vec<&'static str> {
     names.extend(rows::kernel_names());
     names.extend(attention::kernel_names());
     names.extend(linear::kernel_names());
+    names.extend(experts::kernel_names());
     names.extend(select::kernel_names());
     names.extend(stream::kernel_names());
     names
@@ -168,6 +170,33 @@ pub fn params_layouts() -> Vec<ParamsLayout> {
         params_layout!(linear::GateUpParams { gate, up, up_scales, up_scale, pad }),
         params_layout!(linear::QkvParams { part, blocks }),
         params_layout!(linear::GemvTcParams { lin, partials, arrivals, split_cols, splits }),
+        // experts.rs
+        params_layout!(experts::ExpertMatrix { weight, scales, scale, pad }),
+        params_layout!(experts::ExpertsGemvParams { base, offsets, active, experts, blocks_per_expert, mat }),
+        params_layout!(experts::ExpertsGateUpParams {
+            base,
+            offsets,
+            active,
+            experts,
+            blocks_per_expert,
+            gate,
+            up
+        }),
+        params_layout!(experts::ExpertsRouteParams {
+            order,
+            sorted_w,
+            offsets,
+            active,
+            row_pos,
+            ids,
+            weights,
+            status,
+            rows,
+            k,
+            experts,
+            pad
+        }),
+        params_layout!(experts::ExpertsCombineParams { out, ys, sorted_w, row_pos, rows, cols, k, pad }),
         // rows.rs
         params_layout!(rows::EmbeddingParams {
             out,

@@ -1,0 +1,405 @@
+//! `experts` routed on the device: Mixtral's sparse MLP at decode as five launches that read
+//! nothing back, so a decode step of a Mixtral model records as a graph like a dense one.
+//!
+//! 1. `experts_route` (rows.cu, one block): the router's picks sorted by expert (counting, stable
+//!    in pair order): the x row of each sorted pair, its weight, each expert's first sorted pair,
+//!    the list of experts with pairs, and where each row's picks landed.
+//! 2. `gather_rows_f32`: x's rows in sorted order, so each expert's rows are contiguous.
+//! 3. `experts_gate_up_<w>[_block_<s>]_r<R>` (gemv.cu, R = 1 or 4): each active expert's fused
+//!    gate/up GEMV on its rows; above 4 rows `experts_gemv_..._r16` for gate and for up, then
+//!    `silu_mul_f32` (as `gate_up_silu` composes above its fused tiles).
+//! 4. `experts_gemv_<w>[_block_<s>]_r<R>`: each active expert's down GEMV on its rows.
+//! 5. `experts_combine_f32`: each row's expert outputs times their weights, added in order of
+//!    expert from zero, one fma each: scatter_add_rows' order and rounding into a zeroed out.
+//!
+//! The GEMV grids hold `blocks_per_expert` blocks for each expert that can be active (at most rows
+//! x k of them), sized so the active experts' blocks fill the device as one GEMV's would; blocks
+//! past the experts the route found return at once. Each expert's matrices reach the kernel in
+//! its params (at most [`MAX_EXPERTS`]). Every weight byte of a picked expert is read once for all
+//! its rows; experts no row picked are not read. Shapes the kernels do not take (more than
+//! [`GEMV_MAX_ROWS`] rows, more experts, experts of mixed dtypes or scale layouts) take
+//! [`experts_composed`], routed on the host.
+
+use super::super::{Device, DeviceInfo, Gpu, GpuStorage, LaunchCfg, dim};
+use super::addr;
+use super::linear::{
+    GATE_UP_ROW_TILES, GEMV_MAX_ROWS, GEMV_ROW_TILES, LinearParams, gemv_launch, kernel_name, row_tile,
+    weight_params,
+};
+use super::rows::{GatherRowsParams, gather_launch};
+use crate::backend::experts_composed;
+use crate::ops::{Expert, ExpertsDims, ExpertsScratch, Linear, LinearDims};
+use crate::{Backend, DType, Result, Tensor};
+
+type T<D> = Tensor<GpuStorage<<D as Device>::Buffer>>;
+type E<'a, D> = Expert<'a, GpuStorage<<D as Device>::Buffer>>;
+
+/// `MW_MAX_EXPERTS` of common.cuh: the most experts the device-routed kernels take.
+pub const MAX_EXPERTS: usize = 16;
+/// `ROUTE_THREADS` of rows.cu: one thread per (row, pick) pair.
+pub const ROUTE_THREADS: u32 = 256;
+/// `SCATTER_THREADS` of rows.cu, the block of `experts_combine_f32`.
+const COMBINE_THREADS: u32 = 256;
+/// Blocks per SM beyond which the grid-stride combine gains nothing.
+const COMBINE_BLOCKS_PER_SM: usize = 8;
+
+/// `ExpertMatrix` of `kernels-cuda/params/linear.h`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct ExpertMatrix {
+    pub weight: u64,
+    pub scales: u64,
+    pub scale: f32,
+    pub pad: u32,
+}
+
+/// `ExpertsGemvParams` of `kernels-cuda/params/linear.h`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct ExpertsGemvParams {
+    pub base: LinearParams,
+    pub offsets: u64,
+    pub active: u64,
+    pub experts: u32,
+    pub blocks_per_expert: u32,
+    pub mat: [ExpertMatrix; MAX_EXPERTS],
+}
+
+/// `ExpertsGateUpParams` of `kernels-cuda/params/linear.h`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct ExpertsGateUpParams {
+    pub base: LinearParams,
+    pub offsets: u64,
+    pub active: u64,
+    pub experts: u32,
+    pub blocks_per_expert: u32,
+    pub gate: [ExpertMatrix; MAX_EXPERTS],
+    pub up: [ExpertMatrix; MAX_EXPERTS],
+}
+
+/// `ExpertsRouteParams` of `kernels-cuda/params/rows.h`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct ExpertsRouteParams {
+    pub order: u64,
+    pub sorted_w: u64,
+    pub offsets: u64,
+    pub active: u64,
+    pub row_pos: u64,
+    pub ids: u64,
+    pub weights: u64,
+    pub status: u64,
+    pub rows: u32,
+    pub k: u32,
+    pub experts: u32,
+    pub pad: u32,
+}
+
+/// `ExpertsCombineParams` of `kernels-cuda/params/rows.h`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct ExpertsCombineParams {
+    pub out: u64,
+    pub ys: u64,
+    pub sorted_w: u64,
+    pub row_pos: u64,
+    pub rows: u64,
+    pub cols: u64,
+    pub k: u32,
+    pub pad: u32,
+}
+
+const _: () = {
+    use std::mem::size_of;
+    assert!(size_of::<ExpertMatrix>() == 24);
+    assert!(size_of::<ExpertsGemvParams>() == 96 + 24 * MAX_EXPERTS);
+    assert!(size_of::<ExpertsGateUpParams>() == 96 + 48 * MAX_EXPERTS);
+    assert!(size_of::<ExpertsRouteParams>() == 80);
+    assert!(size_of::<ExpertsCombineParams>() == 56);
+};
+
+/// Every kernel name the experts launcher may use.
+pub fn kernel_names() -> Vec<&'static str> {
+    let mut names = vec!["experts_route", "experts_combine_f32"];
+    for w in DType::FLOATS {
+        for s in [None, Some(DType::F32), Some(DType::BF16)] {
+            names.extend(GEMV_ROW_TILES.iter().filter_map(|&r| kernel_name("experts_gemv", w, s, Some(r))));
+            names.extend(
+                GATE_UP_ROW_TILES.iter().filter_map(|&r| kernel_name("experts_gate_up", w, s, Some(r))),
+            );
+        }
+    }
+    names
+}
+
+/// One matrix kind (gate, up or down) of every expert, for one kernel: its dtype, block-scale
+/// dtype and block shape (the same for all, or None), and each expert's [`ExpertMatrix`].
+struct Matrices {
+    dtype: DType,
+    scale_dtype: Option<DType>,
+    block: (u32, u32),
+    mat: [ExpertMatrix; MAX_EXPERTS],
+}
+
+impl Matrices {
+    /// `pick(e)` of every expert as one kernel reads them at `d`, or None where the experts differ
+    /// in dtype, scale dtype or block shape, or there are more than [`MAX_EXPERTS`].
+    fn of<'a, D: Device>(
+        d: LinearDims,
+        experts: &[E<'a, D>],
+        pick: impl Fn(&E<'a, D>) -> &'a Linear<GpuStorage<D::Buffer>>,
+    ) -> Result<Option<Matrices>> {
+        let (Some(first), true) = (experts.first(), experts.len() <= MAX_EXPERTS) else { return Ok(None) };
+        let dtype = pick(first).weight.dtype();
+        let (scale_dtype, _, block_rows, block_cols, _) = weight_params::<D>(d, pick(first))?;
+        let mut mat = [ExpertMatrix::default(); MAX_EXPERTS];
+        for (e, x) in experts.iter().enumerate() {
+            let w = pick(x);
+            let (s_dtype, scales, rows, cols, scale) = weight_params::<D>(d, w)?;
+            if w.weight.dtype() != dtype || (s_dtype, rows, cols) != (scale_dtype, block_rows, block_cols) {
+                return Ok(None);
+            }
+            mat[e] = ExpertMatrix { weight: addr::<D>(&w.weight), scales, scale, pad: 0 };
+        }
+        Ok(Some(Matrices { dtype, scale_dtype, block: (block_rows, block_cols), mat }))
+    }
+
+    /// The kernel of `family` for these matrices at row tile `rows`.
+    fn kernel(&self, family: &str, rows: usize) -> Option<&'static str> {
+        kernel_name(family, self.dtype, self.scale_dtype, Some(rows))
+    }
+}
+
+/// The three matrix kinds of a device-routed `experts` at `d`, or None where it takes the host.
+struct Plan {
+    gate: Matrices,
+    up: Matrices,
+    down: Matrices,
+    /// The down GEMV's row tile.
+    rows: usize,
+    /// The fused gate/up tile, or None for two GEMVs and silu_mul.
+    fused: Option<usize>,
+}
+
+fn plan<D: Device>(d: ExpertsDims, experts: &[E<'_, D>]) -> Result<Option<Plan>> {
+    if d.rows > GEMV_MAX_ROWS || d.experts > MAX_EXPERTS || d.rows * d.k > ROUTE_THREADS as usize {
+        return Ok(None);
+    }
+    let Some(rows) = row_tile(&GEMV_ROW_TILES, d.rows) else { return Ok(None) };
+    let up_dims = LinearDims { m: d.rows, n: d.inter, k: d.hidden };
+    let down_dims = LinearDims { m: d.rows, n: d.hidden, k: d.inter };
+    let (Some(gate), Some(up), Some(down)) = (
+        Matrices::of::<D>(up_dims, experts, |e| e.gate)?,
+        Matrices::of::<D>(up_dims, experts, |e| e.up)?,
+        Matrices::of::<D>(down_dims, experts, |e| e.down)?,
+    ) else {
+        return Ok(None);
+    };
+    if (up.dtype, up.scale_dtype, up.block) != (gate.dtype, gate.scale_dtype, gate.block) {
+        return Ok(None);
+    }
+    let fused = row_tile(&GATE_UP_ROW_TILES, d.rows);
+    let kernels_exist = down.kernel("experts_gemv", rows).is_some()
+        && match fused {
+            Some(r) => gate.kernel("experts_gate_up", r).is_some(),
+            None => gate.kernel("experts_gemv", rows).is_some(),
+        };
+    Ok(kernels_exist.then_some(Plan { gate, up, down, rows, fused }))
+}
+
+/// Whether [`experts`] routes `d` on the device (else it takes [`experts_composed`]).
+pub(crate) fn on_device<D: Device>(d: ExpertsDims, experts: &[E<'_, D>]) -> bool {
+    plan::<D>(d, experts).is_ok_and(|p| p.is_some())
+}
+
+/// Blocks per expert of a grouped GEMV over `n` output features with at most `active` experts
+/// active: together about one GEMV grid of `n`.
+pub fn blocks_per_expert(n: usize, active: usize, info: &DeviceInfo) -> Result<u32> {
+    let grid = gemv_launch(n, info)?.grid[0] as usize;
+    dim("experts", "blocks per expert", grid.div_ceil(active.max(1)).max(1))
+}
+
+/// `experts` (`ops::check_experts` made `d`): on the device where [`plan`] finds kernels, else
+/// [`experts_composed`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn experts<D: Device>(
+    g: &Gpu<D>,
+    d: ExpertsDims,
+    x: &T<D>,
+    ids: &T<D>,
+    weights: &T<D>,
+    experts: &[E<'_, D>],
+    scratch: &mut ExpertsScratch<GpuStorage<D::Buffer>>,
+    out: &mut T<D>,
+) -> Result<()> {
+    let Some(plan) = plan::<D>(d, experts)? else {
+        return experts_composed(g, d, x, ids, weights, experts, scratch, out);
+    };
+    let op = "experts";
+    let info = g.device().info();
+    let pairs = d.rows * d.k;
+    let active_max = d.experts.min(pairs);
+    let f32s = |rows: usize, cols: usize| rows * cols * 4;
+    let unfused = if plan.fused.is_none() { f32s(pairs, d.inter) } else { 0 };
+    let sizes = [
+        f32s(pairs, 1),           // 0 order
+        f32s(pairs, 1),           // 1 sorted_w
+        f32s(d.experts + 1, 1),   // 2 offsets
+        f32s(MAX_EXPERTS + 1, 1), // 3 active
+        f32s(pairs, 1),           // 4 row_pos
+        f32s(pairs, d.hidden),    // 5 xs: x's rows in sorted order
+        f32s(pairs, d.inter),     // 6 act
+        f32s(pairs, d.hidden),    // 7 ys: each sorted pair's expert output
+        unfused,                  // 8 gate (unfused)
+        unfused,                  // 9 up (unfused)
+    ];
+    let status = g.status_address();
+    let (x_addr, out_addr) = (addr::<D>(x), addr::<D>(out));
+    g.with_scratch(op, &sizes, |at| {
+        let [order, sorted_w, offsets, active, row_pos, xs, act, ys, gate, up] =
+            [at[0], at[1], at[2], at[3], at[4], at[5], at[6], at[7], at[8], at[9]];
+        let route = ExpertsRouteParams {
+            order,
+            sorted_w,
+            offsets,
+            active,
+            row_pos,
+            ids: addr::<D>(ids),
+            weights: addr::<D>(weights),
+            status,
+            rows: dim(op, "rows", d.rows)?,
+            k: dim(op, "k", d.k)?,
+            experts: dim(op, "experts", d.experts)?,
+            pad: 0,
+        };
+        // SAFETY: ids u32 and weights f32 hold rows x k = pairs <= ROUTE_THREADS elements
+        // (`check_experts`, `plan`); the kernel writes pairs entries of order, sorted_w and row_pos,
+        // experts + 1 of offsets and at most MAX_EXPERTS + 1 of active, all inside the scratch,
+        // and routes an id beyond the experts (reported) to the last expert.
+        unsafe { g.launch("experts_route", LaunchCfg::linear(1, ROUTE_THREADS, 0), &route)? };
+        let gather = GatherRowsParams {
+            out: xs,
+            src: x_addr,
+            idx: order,
+            status,
+            picked: pairs as u64,
+            rows: d.rows as u64,
+            cols: d.hidden as u64,
+        };
+        // SAFETY: x is f32 [rows, hidden]; order holds pairs row numbers below rows (the route
+        // writes each pair's row); xs holds pairs x hidden f32.
+        unsafe { g.launch("gather_rows_f32", gather_launch(pairs, d.hidden, 4, info)?, &gather)? };
+
+        let grouped = |y: u64, x: u64, n: usize, k: usize, m: &Matrices| -> Result<(LinearParams, u32)> {
+            let base = LinearParams {
+                y,
+                x,
+                weight: 0,
+                scales: 0,
+                m: 0,
+                n: n as u64,
+                k: k as u64,
+                block_rows: m.block.0,
+                block_cols: m.block.1,
+                scale: 1.0,
+                y_dtype: 0,
+            };
+            Ok((base, blocks_per_expert(n, active_max, info)?))
+        };
+        let threads = gemv_launch(1, info)?.block[0];
+        let grid = |per: u32| -> Result<LaunchCfg> {
+            Ok(LaunchCfg::linear(dim(op, "blocks", per as usize * active_max)?, threads, 0))
+        };
+        let gemv = |name: &'static str, y: u64, x: u64, n: usize, k: usize, m: &Matrices| -> Result<()> {
+            let (base, per) = grouped(y, x, n, k, m)?;
+            let p = ExpertsGemvParams {
+                base,
+                offsets,
+                active,
+                experts: d.experts as u32,
+                blocks_per_expert: per,
+                mat: m.mat,
+            };
+            // SAFETY: x holds pairs x k f32 and y pairs x n f32 (scratch); each expert's weight is
+            // [n, k] of the kernel's dtype with scales of its scale dtype and block shape (`plan`
+            // compared them, `check_experts` checked each); the route's offsets split the pairs
+            // among the experts, each of whose blocks bounds its rows by offsets, R, n and k.
+            unsafe { g.launch(name, grid(per)?, &p) }
+        };
+        match plan.fused {
+            Some(r) => {
+                let (base, per) = grouped(act, xs, d.inter, d.hidden, &plan.gate)?;
+                let p = ExpertsGateUpParams {
+                    base,
+                    offsets,
+                    active,
+                    experts: d.experts as u32,
+                    blocks_per_expert: per,
+                    gate: plan.gate.mat,
+                    up: plan.up.mat,
+                };
+                let name =
+                    plan.gate.kernel("experts_gate_up", r).ok_or_else(|| super::unsupported(op, g.name()))?;
+                // SAFETY: as for `gemv` above, with gate and up of one dtype and block shape.
+                unsafe { g.launch(name, grid(per)?, &p)? };
+            }
+            None => {
+                let name = plan
+                    .gate
+                    .kernel("experts_gemv", plan.rows)
+                    .ok_or_else(|| super::unsupported(op, g.name()))?;
+                gemv(name, gate, xs, d.inter, d.hidden, &plan.gate)?;
+                gemv(name, up, xs, d.inter, d.hidden, &plan.up)?;
+                let n = (pairs * d.inter) as u64;
+                let p = super::elementwise::SiluMulParams { out: act, gate, up, n };
+                let blocks = super::elementwise::element_grid(n, 4, info.sm_count);
+                let cfg = LaunchCfg::linear(blocks, super::elementwise::ELEMENT_THREADS, 0);
+                // SAFETY: gate, up and act each hold pairs x inter f32 (scratch).
+                unsafe { g.launch("silu_mul_f32", cfg, &p)? };
+            }
+        }
+        let name =
+            plan.down.kernel("experts_gemv", plan.rows).ok_or_else(|| super::unsupported(op, g.name()))?;
+        gemv(name, ys, act, d.hidden, d.inter, &plan.down)?;
+
+        let n = d.rows * d.hidden;
+        let blocks = n
+            .div_ceil(COMBINE_THREADS as usize)
+            .clamp(1, info.sm_count.max(1) as usize * COMBINE_BLOCKS_PER_SM);
+        let combine = ExpertsCombineParams {
+            out: out_addr,
+            ys,
+            sorted_w,
+            row_pos,
+            rows: d.rows as u64,
+            cols: d.hidden as u64,
+            k: d.k as u32,
+            pad: 0,
+        };
+        // SAFETY: out is f32 [rows, hidden], borrowed mutably; row_pos holds rows x k sorted
+        // indices below pairs (the route's), sorted_w pairs weights and ys pairs x hidden f32.
+        unsafe {
+            g.launch(
+                "experts_combine_f32",
+                LaunchCfg::linear(dim(op, "blocks", blocks)?, COMBINE_THREADS, 0),
+                &combine,
+            )
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_fill_one_gemv_grid() {
+        let info = super::super::test_h200();
+        let one = gemv_launch(14336, &info).unwrap().grid[0];
+        // Batch 1 of Mixtral: two experts share one GEMV's grid.
+        assert_eq!(blocks_per_expert(14336, 2, &info).unwrap(), one.div_ceil(2));
+        assert_eq!(blocks_per_expert(14336, 1, &info).unwrap(), one);
+        assert!(blocks_per_expert(4, 8, &info).unwrap() >= 1);
+    }
+}
