@@ -49,7 +49,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pack=target/device-check
-suites=(gpu_stream gpu_linear gpu_qkv gpu_select gpu_attention gpu_elementwise gpu_rows gpu_model gpu_graphs cuda_nvrtc cuda_build)
+suites=(gpu_stream gpu_linear gpu_qkv gpu_select gpu_attention gpu_elementwise gpu_rows experts gpu_model gpu_graphs cuda_nvrtc cuda_build)
 
 build() {
   bash scripts/setup.sh
@@ -187,7 +187,7 @@ run() {
   # The host-side CUDA tests (NVRTC needs libnvrtc there; a missing one fails, as in CI).
   step cuda_build 60 "$bin/cuda_build"
   step cuda_nvrtc 180 "$bin/cuda_nvrtc" --test-threads=2
-  for s in gpu_stream gpu_elementwise gpu_rows gpu_select gpu_linear gpu_qkv gpu_attention gpu_model gpu_graphs; do
+  for s in gpu_stream gpu_elementwise gpu_rows gpu_select gpu_linear gpu_qkv gpu_attention experts gpu_model gpu_graphs; do
     step "$s" 240 "$bin/$s" --ignored --test-threads=1
   done
   # The SM-driven ceiling (stream.cu read and copy, 4 GiB) and the copy engine, vs the datasheet.

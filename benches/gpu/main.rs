@@ -7,11 +7,13 @@
 //!    (4 and 16 rows) at the fused gate/up matrix, against the copy peak and cuBLAS (`gemv.rs`);
 //! 3. decode attention at 8192 positions of context, Llama 3.1 8B heads (32 query, 8 KV, head_dim
 //!    128, bf16 paged KV cache), batch 1, 4 and 16, against the copy peak (`attention.rs`);
-//! 4. GEMM (prefill, 512 and 2048 rows) at the same layer shapes, bf16 weights, against cuBLAS in
+//! 4. Mixtral 8x7B's experts (one layer, top 2, bf16 and e4m3fn), batch 1, 4 and 16, routed on the
+//!    device, against the copy peak and the host-routed path (`experts.rs`);
+//! 5. GEMM (prefill, 512 and 2048 rows) at the same layer shapes, bf16 weights, against cuBLAS in
 //!    TFLOP/s: compute-bound, so no percentage of bandwidth (`gemm.rs`);
-//! 5. one closing line per kernel and shape after `summary`:
-//!    `<kernel> <shape>: <GB/s> = <pct>% of measured copy peak; <ratio>x cuBLAS` (GEMV, attention)
-//!    and `<kernel> <shape>: <TFLOP/s> TFLOP/s (compute-bound); <ratio>x cuBLAS` (GEMM).
+//! 6. one closing line per kernel and shape after `summary`:
+//!    `<kernel> <shape>: <GB/s> = <pct>% of measured copy peak; <ratio>x cuBLAS` (GEMV, attention;
+//!    experts: `<ratio>x host-routed`) and `<kernel> <shape>: <TFLOP/s> TFLOP/s (compute-bound); <ratio>x cuBLAS` (GEMM).
 //!
 //! Every working set rotates over enough copies to fill 1 GiB (above 3x the L2 of every current
 //! NVIDIA part), so each call reads its operands from HBM. Criterion times calls with CUDA events
@@ -25,6 +27,7 @@
 //! `MEMWALL_REQUIRE_GPU=1`.
 
 mod attention;
+mod experts;
 mod gemm;
 mod gemv;
 
@@ -285,6 +288,7 @@ fn main() {
     let mut lines = Vec::new();
     gemv::run(&ctx, &mut c, &mut lines);
     attention::run(&ctx, &mut c, &mut lines);
+    experts::run(&ctx, &mut lines);
     gemm::run(&ctx, &mut c, &mut lines);
     let peak_after = copy_peak(ctx.gpu.device());
     println!(
