@@ -432,6 +432,10 @@ pub struct Session<'m, B: Backend> {
     /// Decode shapes that ran once op by op: their launchers' scratch exists, so they can be
     /// recorded.
     warmed: Vec<GraphKey>,
+    /// Whether a decode step of so many rows reads nothing back mid-step, by rows (fixed for the
+    /// session: it follows the model's weights and the backend), so `graph_key` asks the backend
+    /// once per shape rather than every step.
+    host_free: Vec<(usize, bool)>,
     stats: GraphStats,
 }
 
@@ -501,6 +505,7 @@ impl<'m, B: Backend> Session<'m, B> {
             last_shape: None,
             graphs: Vec::new(),
             warmed: Vec::new(),
+            host_free: Vec::new(),
             stats: GraphStats::default(),
         })
     }
@@ -748,30 +753,39 @@ impl<'m, B: Backend> Session<'m, B> {
     }
 
     /// The graph key of a step that may be replayed: a decode step (one row per sequence, every
-    /// sequence picking) of a session with graphs on, whose ops read nothing back mid-step (the
-    /// experts do).
+    /// sequence picking) of a session with graphs on, whose ops read nothing back mid-step
+    /// (host-routed experts do).
     fn graph_key(
-        &self,
+        &mut self,
         rows: usize,
         seqs: usize,
         all_logits: bool,
         params: &SamplingParams,
     ) -> Option<GraphKey> {
         let decode = rows == seqs && !all_logits;
-        let host_free = || {
-            self.model.graph.step_ops(false).all(|op| match op {
-                Op::Experts { layer, .. } => self.model.experts(*layer).is_ok_and(|list| {
-                    let experts: Vec<Expert<'_, B::Storage>> = list.iter().map(Mlp::expert).collect();
-                    self.model.backend.experts_on_device(self.experts_dims(rows, experts.len()), &experts)
-                }),
-                _ => true,
-            })
-        };
-        (self.options.graphs && decode && host_free()).then(|| GraphKey {
+        (self.options.graphs && decode && self.host_free(rows)).then(|| GraphKey {
             rows,
             sampling: (params.temperature != 0.0)
                 .then(|| (params.temperature.to_bits(), params.top_k, params.top_p.to_bits())),
         })
+    }
+
+    /// Whether a step of `rows` rows reads nothing back mid-step: every `Experts` op of the graph
+    /// routes on the device (`Backend::experts_on_device`). Asked once per `rows`.
+    fn host_free(&mut self, rows: usize) -> bool {
+        if let Some(&(_, free)) = self.host_free.iter().find(|(r, _)| *r == rows) {
+            return free;
+        }
+        let model = self.model;
+        let free = model.graph.step_ops(false).all(|op| match op {
+            Op::Experts { layer, .. } => model.experts(*layer).is_ok_and(|list| {
+                let experts: Vec<Expert<'_, B::Storage>> = list.iter().map(Mlp::expert).collect();
+                model.backend.experts_on_device(self.experts_dims(rows, experts.len()), &experts)
+            }),
+            _ => true,
+        });
+        self.host_free.push((rows, free));
+        free
     }
 
     /// Queues a decode step of shape `key`: its graph replayed; recorded first if the shape ran
