@@ -8,6 +8,10 @@
 //                     weight [n, k] of dtype <w> (the 7 float types); x f32 [m, k] (bf16 / f16
 //                     activations are widened first by linear_x_f32_<t> of gemv.cu); y [m, n] f32,
 //                     bf16 or f16 (p.y_dtype)
+// gemm_experts_<w>[_block_<s>]
+//                     the `experts` op's grouped form (ExpertsGemvParams, params/linear.h): row
+//                     tile y of every expert's sorted rows in order of expert, with that expert's
+//                     matrix (linear.cuh's expert_tile), for the shapes gemm_tc.cu does not take
 //
 // Algorithm: a CUDA-core tiled GEMM in f32. Block (x, y) owns the TILE_N x TILE_M outputs
 // j in [x TILE_N, ...), i in [y TILE_M, ...); GEMM_THREADS threads as a 16 x 16 grid, each with a
@@ -40,13 +44,13 @@ constexpr int GEMM_THREADS = 256;
 constexpr int THREAD_M = TILE_M / 16;
 constexpr int THREAD_N = TILE_N / 16;
 
+// The output tile of rows [i0, i0 + TILE_M) and columns [j0, j0 + TILE_N).
 template <typename W, typename Scale>
-MW_DEV void gemm(const LinearParams& p) {
+MW_DEV void gemm_tile(const LinearParams& p, uint64_t i0, uint64_t j0) {
     MW_SHARED(float[TILE_K][TILE_M], x_smem);
     MW_SHARED(float[TILE_K][TILE_N], w_smem);
     const int t = threadIdx.x;
     const int tm = t / 16, tn = t % 16;
-    const uint64_t i0 = uint64_t(blockIdx.y) * TILE_M, j0 = uint64_t(blockIdx.x) * TILE_N;
     const W* weight = reinterpret_cast<const W*>(p.weight);
     float acc[THREAD_M][THREAD_N];
 #pragma unroll
@@ -98,11 +102,30 @@ MW_DEV void gemm(const LinearParams& p) {
     }
 }
 
+// The output tile of block (x, y): rows [y TILE_M, ...), columns [x TILE_N, ...).
+template <typename W, typename Scale>
+MW_DEV void gemm(const LinearParams& p) {
+    gemm_tile<W, Scale>(p, uint64_t(blockIdx.y) * TILE_M, uint64_t(blockIdx.x) * TILE_N);
+}
+
+// The `experts` op's grouped GEMM: block (x, y) takes row tile y of the experts' sorted rows
+// (mw_linear::expert_tile) and that expert's matrix.
+template <typename W, typename Scale>
+MW_DEV void gemm_experts(const ExpertsGemvParams& q) {
+    LinearParams p;
+    uint64_t i0;
+    if (!expert_tile<TILE_M>(q, p, i0)) return;
+    gemm_tile<W, Scale>(p, i0, uint64_t(blockIdx.x) * TILE_N);
+}
+
 }  // namespace mw_gemm
 
 #define MW_GEMM(wname, W, Scale, sname)                                                              \
     MW_KERNEL_BOUNDS(gemm_##wname##sname, LinearParams, mw_gemm::GEMM_THREADS) {                     \
         mw_gemm::gemm<W, Scale>(p);                                                                  \
+    }                                                                                                \
+    MW_KERNEL_BOUNDS(gemm_experts_##wname##sname, ExpertsGemvParams, mw_gemm::GEMM_THREADS) {        \
+        mw_gemm::gemm_experts<W, Scale>(p);                                                          \
     }
 #define MW_GEMM_PLAIN(wname, W, _) MW_GEMM(wname, W, mw_linear::NoBlocks, )
 #define MW_GEMM_BLOCK_F32(wname, W, _) MW_GEMM(wname, W, mw_linear::Blocks<float>, _block_f32)

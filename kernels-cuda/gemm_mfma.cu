@@ -9,6 +9,8 @@
 //                          scaled when the block ends
 //                          <w> one of bf16, f16, e4m3fn, e4m3fnuz, e5m2, e5m2fnuz; x f32 [m, k]; y
 //                          [m, n] f32, bf16 or f16 (p.y_dtype)
+// gemm_mfma_experts_<w>[_block_<s>]
+//                          the `experts` op's grouped form, as gemm_tc_experts_* of gemm_tc.cu
 //
 // Preconditions (checked by the launcher, runtime/src/gpu/ops/gemm.rs, which sends other shapes to
 // gemm.cu): gemm_tc.cu's (k a multiple of 16 / sizeof(W) elements, x and the weight 16-byte
@@ -105,18 +107,15 @@ MW_DEV void mfma_tile(const bf16 (*x_smem)[TILE_M * TILE_K], const bf16 (*w_smem
 }
 #endif
 
+#if !defined(MW_MFMA_UNSUPPORTED)
+// The output tile of rows [i0, i0 + TILE_M) and columns [j0, j0 + TILE_N).
 template <typename W, typename Scale>
-MW_DEV void gemm_mfma(const LinearParams& p) {
-#if defined(MW_MFMA_UNSUPPORTED)
-    (void)p;
-    __trap();  // MFMA targets only: runtime/src/gpu/ops/gemm.rs sends gemm_mfma to them alone
-#else
+MW_DEV void gemm_mfma_tile(const LinearParams& p, uint64_t i0, uint64_t j0) {
     constexpr int WP = W_PARTS<W>;
     MW_SHARED(bf16[2][X_PARTS][TILE_M * TILE_K], x_smem);
     MW_SHARED(bf16[2][WP][TILE_N * TILE_K], w_smem);
     const int lane = threadIdx.x % WAVE, wave = threadIdx.x / WAVE;
     const int wm = wave / WAVES_N, wn = wave % WAVES_N, r16 = lane % 16, k4 = 4 * (lane / 16);
-    const uint64_t i0 = uint64_t(blockIdx.y) * TILE_M, j0 = uint64_t(blockIdx.x) * TILE_N;
     // The lane's outputs: rows i0 + wm WAVE_M + 16 mt + r16, columns j_lane + 16 nt + e.
     const uint64_t j_lane = j0 + wn * WAVE_N + k4;
 
@@ -159,6 +158,37 @@ MW_DEV void gemm_mfma(const LinearParams& p) {
                 const float v = acc[nt][mt][e];
                 if (i < p.m && j < p.n) store_y(p, i, j, Scale::BLOCKS ? v : v * p.scale);
             }
+}
+#endif
+
+// The output tile of block (x, y): rows [y TILE_M, ...), columns [x TILE_N, ...).
+template <typename W, typename Scale>
+MW_DEV void gemm_mfma(const LinearParams& p) {
+#if defined(MW_MFMA_UNSUPPORTED)
+    (void)p;
+    __trap();  // MFMA targets only: runtime/src/gpu/ops/gemm.rs sends gemm_mfma to them alone
+#else
+    gemm_mfma_tile<W, Scale>(p, uint64_t(blockIdx.y) * TILE_M, uint64_t(blockIdx.x) * TILE_N);
+#endif
+}
+
+// The `experts` op's grouped GEMM: block (x, y) takes row tile y of the experts' sorted rows
+// (mw_linear::expert_tile) and that expert's matrix.
+template <typename W, typename Scale>
+MW_DEV void gemm_mfma_experts(const ExpertsGemvParams& q) {
+#if defined(MW_MFMA_UNSUPPORTED)
+    (void)q;
+    __trap();
+#else
+    // The expert's params in shared memory, read where the tile uses them rather than held in
+    // registers beside the accumulators (the plain GEMM reads its own from the constant bank).
+    MW_SHARED(LinearParams, p_smem);
+    LinearParams p;
+    uint64_t i0;
+    if (!expert_tile<TILE_M>(q, p, i0)) return;
+    if (threadIdx.x == 0) p_smem = p;
+    __syncthreads();
+    gemm_mfma_tile<W, Scale>(p_smem, i0, uint64_t(blockIdx.x) * TILE_N);
 #endif
 }
 
@@ -167,5 +197,8 @@ MW_DEV void gemm_mfma(const LinearParams& p) {
 #define MW_GEMM_MFMA(wname, W, Scale, sname)                                                         \
     MW_KERNEL_BOUNDS(gemm_mfma_##wname##sname, LinearParams, mw_gemm_mfma::THREADS) {                 \
         mw_gemm_mfma::gemm_mfma<W, Scale>(p);                                                        \
+    }                                                                                                \
+    MW_KERNEL_BOUNDS(gemm_mfma_experts_##wname##sname, ExpertsGemvParams, mw_gemm_mfma::THREADS) {    \
+        mw_gemm_mfma::gemm_mfma_experts<W, Scale>(p);                                                \
     }
 MW_LINEAR_FOR_EACH_TC_KERNEL(MW_GEMM_MFMA)

@@ -11,6 +11,10 @@
 //                        <w> one of bf16, f16, e4m3fn, e4m3fnuz, e5m2, e5m2fnuz (f32 weights stay on
 //                        gemm.cu); x f32 [m, k] (16-bit x is widened first, as for gemm.cu); y [m, n]
 //                        f32, bf16 or f16 (p.y_dtype)
+// gemm_tc_experts_<w>[_block_<s>]
+//                        the `experts` op's grouped form (ExpertsGemvParams, params/linear.h): row
+//                        tile y of every expert's sorted rows in order of expert, with that
+//                        expert's matrix (linear.cuh's expert_tile; Mixtral's prefill)
 //
 // Preconditions (checked by the launcher, runtime/src/gpu/ops/gemm.rs, which routes every other
 // shape to gemm.cu): k a multiple of 16 / sizeof(W) elements (16-byte rows of W; x's rows are then
@@ -119,14 +123,14 @@ MW_DEV void mma_tile(const bf16 (*x_smem)[TILE_M * TILE_K], const bf16 (*w_smem)
     }
 }
 
+// The output tile of rows [i0, i0 + TILE_M) and columns [j0, j0 + TILE_N).
 template <typename W, typename Scale>
-MW_DEV void gemm_tc(const LinearParams& p) {
+MW_DEV void gemm_tc_tile(const LinearParams& p, uint64_t i0, uint64_t j0) {
     constexpr int WP = W_PARTS<W>;
     MW_SHARED(bf16[2][X_PARTS][TILE_M * TILE_K], x_smem);
     MW_SHARED(bf16[2][WP][TILE_N * TILE_K], w_smem);
     const int lane = threadIdx.x % MW_WARP, warp = threadIdx.x / MW_WARP;
     const int wm = warp / WARPS_N, wn = warp % WARPS_N, g = lane >> 2, tq = lane % 4;
-    const uint64_t i0 = uint64_t(blockIdx.y) * TILE_M, j0 = uint64_t(blockIdx.x) * TILE_N;
 
     float acc_f32[FRAG_M][FRAG_N][4], part_f32[FRAG_M][FRAG_N][4];
 #pragma unroll
@@ -173,10 +177,37 @@ MW_DEV void gemm_tc(const LinearParams& p) {
             }
 }
 
+// The output tile of block (x, y): rows [y TILE_M, ...), columns [x TILE_N, ...).
+template <typename W, typename Scale>
+MW_DEV void gemm_tc(const LinearParams& p) {
+    gemm_tc_tile<W, Scale>(p, uint64_t(blockIdx.y) * TILE_M, uint64_t(blockIdx.x) * TILE_N);
+}
+
+// The `experts` op's grouped GEMM: block (x, y) takes row tile y of the experts' sorted rows
+// (mw_linear::expert_tile) and that expert's matrix.
+template <typename W, typename Scale>
+MW_DEV void gemm_tc_experts(const ExpertsGemvParams& q) {
+    // The expert's params in shared memory, read where the tile uses them rather than held in
+    // registers beside the accumulators (the plain GEMM reads its own from the constant bank).
+    MW_SHARED(LinearParams, p_smem);
+    LinearParams p;
+    uint64_t i0;
+    if (!expert_tile<TILE_M>(q, p, i0)) return;
+    if (threadIdx.x == 0) p_smem = p;
+    __syncthreads();
+    gemm_tc_tile<W, Scale>(p_smem, i0, uint64_t(blockIdx.x) * TILE_N);
+}
+
 }  // namespace mw_gemm_tc
 
+// gemm_tc_experts_*: at least one block per SM asked, so ptxas gives the tile the registers it
+// needs (left to itself it chose 128 and spilled into the k loop, where the plain GEMM reads its
+// params from the constant bank and takes 156 to 214).
 #define MW_GEMM_TC(wname, W, Scale, sname)                                                           \
     MW_KERNEL_BOUNDS(gemm_tc_##wname##sname, LinearParams, mw_gemm_tc::THREADS) {                     \
         mw_gemm_tc::gemm_tc<W, Scale>(p);                                                            \
+    }                                                                                                \
+    MW_KERNEL_OCCUPANCY(gemm_tc_experts_##wname##sname, ExpertsGemvParams, mw_gemm_tc::THREADS, 1) {  \
+        mw_gemm_tc::gemm_tc_experts<W, Scale>(p);                                                    \
     }
 MW_LINEAR_FOR_EACH_TC_KERNEL(MW_GEMM_TC)

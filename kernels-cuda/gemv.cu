@@ -447,17 +447,6 @@ MW_DEV void gate_up_silu(const GateUpParams& p) {
 
 // ---- experts: each expert's GEMV on the rows routed to it (experts_route of rows.cu) ----------
 
-// mat[e], read under block-uniform compares rather than indexed by the runtime e (which would copy
-// the params array to local memory).
-MW_DEV ExpertMatrix pick_matrix(const ExpertMatrix (&mat)[MW_MAX_EXPERTS], uint32_t e) {
-    ExpertMatrix m = mat[0];
-#pragma unroll
-    for (uint32_t i = 1; i < MW_MAX_EXPERTS; ++i) {
-        if (e == i) m = mat[i];
-    }
-    return m;
-}
-
 // The expert this block serves, its rows and the block's place among the expert's blocks; false
 // for a block past the active experts or an expert without rows.
 struct ExpertBlock {
@@ -474,23 +463,12 @@ MW_DEV bool expert_block(const Q& q, ExpertBlock& out) {
     return last > first;
 }
 
-// `base` moved to the expert's rows and given its matrix.
-MW_DEV LinearParams expert_params(const LinearParams& base, const ExpertBlock& b, const ExpertMatrix& mat) {
-    LinearParams p = base;
-    p.weight = mat.weight;
-    p.scales = mat.scales;
-    p.scale = mat.scale;
-    p.m = b.count;
-    p.x = base.x + uint64_t(b.first) * base.k;
-    p.y = reinterpret_cast<float*>(base.y) + uint64_t(b.first) * base.n;
-    return p;
-}
-
 template <typename W, typename Scale, int R>
 MW_DEV void experts_gemv(const ExpertsGemvParams& q) {
     ExpertBlock b;
     if (!expert_block(q, b)) return;
-    gemv_blocks<W, Scale, R>(expert_params(q.base, b, pick_matrix(q.mat, b.expert)), b.block, q.blocks_per_expert);
+    gemv_blocks<W, Scale, R>(expert_params(q.base, b.first, b.count, pick_matrix(q.mat, b.expert)), b.block,
+                             q.blocks_per_expert);
 }
 
 template <typename W, typename Scale, int R>
@@ -498,7 +476,8 @@ MW_DEV void experts_gate_up(const ExpertsGateUpParams& q) {
     ExpertBlock b;
     if (!expert_block(q, b)) return;
     const ExpertMatrix up = pick_matrix(q.up, b.expert);
-    const GateUpParams p{expert_params(q.base, b, pick_matrix(q.gate, b.expert)), up.weight, up.scales, up.scale, 0};
+    const GateUpParams p{expert_params(q.base, b.first, b.count, pick_matrix(q.gate, b.expert)), up.weight, up.scales,
+                         up.scale, 0};
     gate_up_silu_blocks<W, Scale, R>(p, b.block, q.blocks_per_expert);
 }
 

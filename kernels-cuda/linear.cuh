@@ -1,5 +1,6 @@
-// linear.cuh: what the two `linear` kernel files (gemv.cu, gemm.cu) share: weight elements
-// widened from 16-byte words, the scale of a weight element, and the store of y in its dtype.
+// linear.cuh: what the `linear` kernel files (gemv*.cu, gemm*.cu) share: weight elements widened
+// from 16-byte words, the scale of a weight element, the store of y in its dtype, and the
+// selection of an expert's rows and matrix by the `experts` kernels.
 #pragma once
 #include "common.cuh"
 #include "params/linear.h"
@@ -397,6 +398,52 @@ MW_DEV void finish_split_gemv(const GemvTcParams& q, float scale, const Sums& su
         store_y(p, i, j, v * scale);
     });
     if (threadIdx.x == 0) atomicExch(q.arrivals + blockIdx.x, 0u);
+}
+
+// ---- experts: one kernel over the rows experts_route (rows.cu) sorted by expert -------------
+
+// mat[e], read under block-uniform compares rather than indexed by the runtime e (which would copy
+// the params array to local memory).
+MW_DEV ExpertMatrix pick_matrix(const ExpertMatrix (&mat)[MW_MAX_EXPERTS], uint32_t e) {
+    ExpertMatrix m = mat[0];
+#pragma unroll
+    for (uint32_t i = 1; i < MW_MAX_EXPERTS; ++i) {
+        if (e == i) m = mat[i];
+    }
+    return m;
+}
+
+// `base` moved to an expert's `count` rows from sorted row `first` and given its matrix.
+MW_DEV LinearParams expert_params(const LinearParams& base, uint32_t first, uint32_t count, const ExpertMatrix& mat) {
+    LinearParams p = base;
+    p.weight = mat.weight;
+    p.scales = mat.scales;
+    p.scale = mat.scale;
+    p.m = count;
+    p.x = base.x + uint64_t(first) * base.k;
+    p.y = reinterpret_cast<float*>(base.y) + uint64_t(first) * base.n;
+    return p;
+}
+
+// The grouped GEMM's row tile (gemm.cu, gemm_tc.cu, gemm_mfma.cu: *_experts): blockIdx.y counts
+// the TILE_M-row tiles of every expert's rows in order of expert (ceil(rows_e / TILE_M) each, none
+// for an expert without rows); false for a block past the last tile. Else `p` is the GEMM of the
+// tile's expert on its rows and matrix, and `i0` the tile's first row among them. Sum over e of
+// ceil(rows_e / TILE_M) <= ceil(pairs / TILE_M) + active - 1, the grid's rows of tiles.
+template <int TILE_M>
+MW_DEV bool expert_tile(const ExpertsGemvParams& q, LinearParams& p, uint64_t& i0) {
+    uint32_t tile = blockIdx.y, e = 0, first = 0, count = 0;
+    for (; e < q.experts && e < MW_MAX_EXPERTS; ++e) {
+        first = q.offsets[e];
+        count = q.offsets[e + 1] - first;
+        const uint32_t tiles = (count + TILE_M - 1) / TILE_M;
+        if (tile < tiles) break;
+        tile -= tiles;
+    }
+    if (e >= q.experts || e >= MW_MAX_EXPERTS) return false;
+    p = expert_params(q.base, first, count, pick_matrix(q.mat, e));
+    i0 = uint64_t(tile) * TILE_M;
+    return true;
 }
 
 }  // namespace mw_linear

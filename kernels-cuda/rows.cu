@@ -11,9 +11,9 @@
 // scatter_add_rows_f32        dst[idx[i]] += weights[i] * src[i] for i = 0 .. picked - 1 in order;
 //                             dst f32 [rows, cols], src f32 [picked, cols], weights f32 [picked]
 // experts_route               Mixtral's picks (ids u32 [rows, k]) sorted by expert on the device,
-//                             for the device-routed `experts` (params/rows.h): one block, a thread
-//                             per pick, each placing itself by counting (stable: the order of
-//                             (expert, pick)), warp 0 listing the experts with picks by ballot
+//                             for the device-routed `experts` (params/rows.h): one block, a
+//                             counting sort (stable: the order of (expert, pick)) of any number
+//                             of picks, each thread counting and then placing a run of them
 // experts_combine_f32         out[r] = sum over row r's picks in order of expert of weight * the
 //                             expert's output row, from +0, one fma each: scatter_add_rows_f32's
 //                             order and rounding into a zeroed out, without the zeroing copy
@@ -259,63 +259,68 @@ MW_KERNEL_BOUNDS(scatter_add_rows_f32, ScatterAddRowsParams, mw_rows::SCATTER_TH
 
 namespace mw_rows {
 
-// Threads of experts_route: one per (row, pick) pair.
+// Threads of experts_route; thread t owns the pairs [t per, (t + 1) per), per = ceil(pairs /
+// ROUTE_THREADS), so one block sorts any number of pairs in ceil(pairs / ROUTE_THREADS) steps.
 constexpr int ROUTE_THREADS = 256;
-static_assert(MW_MAX_EXPERTS <= MW_WARP, "one lane of warp 0 per expert");
 
-MW_DEV int lane_count(mw_lanemask m) {
-#if MW_WARP == 64
-    return __popcll(m);
-#else
-    return __popc(m);
-#endif
+// Pair q's expert: its id, or, for an id beyond the experts, the last expert (reported once, by
+// the counting pass, `report`).
+MW_DEV uint32_t pair_expert(const ExpertsRouteParams& p, uint32_t q, bool report) {
+    const uint32_t e = p.ids[q];
+    if (e < p.experts) return e;
+    if (report) mw::report(p.status, MW_OP_EXPERTS, MW_INDEX_OUT_OF_RANGE, q / p.k, e, p.experts);
+    return p.experts - 1;
 }
 
-// Each thread places its pair by counting: pos = the pairs of smaller experts, plus the pairs of
-// its expert before it (so the order is (expert, pair), stable); its rank among its row's picks
-// by expert gives row_pos. Warp 0 lists the experts with pairs by ballot.
+// A counting sort, stable in pair order: each thread counts its pairs per expert; a scan over the
+// threads (one thread per expert) turns the counts into each thread's first place among its
+// expert's pairs; thread 0 adds the experts' bases (offsets) and lists the experts with pairs;
+// then each thread places its pairs in order. A pair's rank among its row's picks by expert gives
+// row_pos.
 MW_DEV void experts_route(const ExpertsRouteParams& p) {
-    MW_SHARED(uint32_t[ROUTE_THREADS], ids_smem);
+    MW_SHARED(uint32_t[ROUTE_THREADS][MW_MAX_EXPERTS], counts);
+    MW_SHARED(uint32_t[MW_MAX_EXPERTS + 1], base);
     const uint32_t pairs = p.rows * p.k, t = threadIdx.x;
-    uint32_t e = 0;
-    if (t < pairs) {
-        e = p.ids[t];
-        if (e >= p.experts) {
-            mw::report(p.status, MW_OP_EXPERTS, MW_INDEX_OUT_OF_RANGE, t / p.k, e, p.experts);
-            e = p.experts - 1;
+    const uint32_t per = (pairs + ROUTE_THREADS - 1) / ROUTE_THREADS;
+    const uint32_t lo = min(pairs, t * per), hi = min(pairs, lo + per);
+    for (uint32_t e = 0; e < MW_MAX_EXPERTS; ++e) counts[t][e] = 0;
+    for (uint32_t q = lo; q < hi; ++q) counts[t][pair_expert(p, q, true)] += 1;
+    __syncthreads();
+    if (t < MW_MAX_EXPERTS) {
+        uint32_t sum = 0;
+        for (uint32_t u = 0; u < ROUTE_THREADS; ++u) {
+            const uint32_t c = counts[u][t];
+            counts[u][t] = sum;
+            sum += c;
         }
-        ids_smem[t] = e;
+        base[t] = sum;  // the expert's total until thread 0 turns it into its first place
     }
     __syncthreads();
-    if (t < pairs) {
-        const uint32_t r = t / p.k, s = t % p.k;
-        uint32_t below = 0, before = 0, rank = 0;
-        for (uint32_t q = 0; q < pairs; ++q) {
-            const uint32_t f = ids_smem[q];
-            below += f < e ? 1u : 0u;
-            before += f == e && q < t ? 1u : 0u;
+    if (t == 0) {
+        uint32_t first = 0, listed = 0;
+        for (uint32_t e = 0; e < p.experts; ++e) {
+            const uint32_t total = base[e];
+            base[e] = first;
+            p.offsets[e] = first;
+            if (total > 0) p.active[1 + listed++] = e;
+            first += total;
         }
+        p.offsets[p.experts] = first;
+        p.active[0] = listed;
+    }
+    __syncthreads();
+    for (uint32_t q = lo; q < hi; ++q) {
+        const uint32_t e = pair_expert(p, q, false), r = q / p.k, s = q % p.k;
+        const uint32_t pos = base[e] + counts[t][e]++;
+        uint32_t rank = 0;
         for (uint32_t s2 = 0; s2 < p.k; ++s2) {
-            const uint32_t f = ids_smem[r * p.k + s2];
+            const uint32_t f = pair_expert(p, r * p.k + s2, false);
             rank += f < e || (f == e && s2 < s) ? 1u : 0u;
             if (f == e && s2 < s) mw::report(p.status, MW_OP_EXPERTS, MW_DUPLICATE_INDEX, r, e, p.experts);
         }
-        const uint32_t pos = below + before;
         p.order[pos] = r;
-        p.sorted_w[pos] = p.weights[t];
+        p.sorted_w[pos] = p.weights[q];
         p.row_pos[r * p.k + rank] = pos;
-    }
-    if (t <= p.experts) {
-        uint32_t below = 0;
-        for (uint32_t q = 0; q < pairs; ++q) below += ids_smem[q] < t ? 1u : 0u;
-        p.offsets[t] = below;
-    }
-    if (t < MW_WARP) {
-        bool has = false;
-        for (uint32_t q = 0; t < p.experts && q < pairs; ++q) has = has || ids_smem[q] == t;
-        const mw_lanemask mask = __ballot_sync(MW_FULL_MASK, has);
-        if (has) p.active[1 + lane_count(mask & ((mw_lanemask(1) << t) - 1))] = t;
-        if (t == 0) p.active[0] = uint32_t(lane_count(mask));
     }
 }
 

@@ -11,13 +11,21 @@
 //! sum da |d s| from a's own error. The combine: sum over s of w_s dy_s, and gamma(k + 1) of sum
 //! w_s (|y_s| + dy_s) for the k fmas; then the f32 rounding of the reference's value.
 //!
-//! The GPU backend routes on the device up to 16 rows and 16 experts (five launches; seven above
-//! 4 rows, where gate and up are two GEMVs and silu_mul) and reads nothing back; more rows or
-//! experts take the host-routed path, as the CPU backends do; the launch count shows which ran.
-//! Every weight dtype and scale kind (none, per tensor, per channel f32, 8 x 16 blocks of bf16),
-//! rows in {1, 3, 4, 5, 16, 17}, hidden and inter sizes off the 16-byte words (17, 20, 24) and on
-//! them, outputs poisoned first. A pick beyond the experts is `IndexOutOfRange` and a row naming
-//! one expert twice an `Argument` error, on every backend (the GPU's at the next synchronize).
+//! The grouped GEMMs the GPU runs above 16 rows (gemm_tc.cu's and gemm_mfma.cu's contract: f32 sums
+//! of X_PARTS W_PARTS h exact bf16 products, at most 6 h, with x split to within 2^-24 |x|, and
+//! the block scales' ceil(h / bc) + 1 roundings; gemm.cu's f32 fmas are within it) take gamma(6 h
+//! + h / 16 + 12) (1 + 2^-7) in place of gamma(h + 9), for gate and up and for down alike.
+//!
+//! The GPU backend routes on the device up to 16 experts, at any number of rows: five launches up
+//! to 4 rows, seven above (gate and up apart, then silu_mul; grouped GEMMs above 16 rows), nothing
+//! read back; more experts take the host-routed path, as the CPU backends do; the launch count
+//! shows which ran. Every weight dtype and scale kind (none, per tensor, per channel f32, 8 x 16
+//! blocks of bf16), rows in {1, 3, 4, 5, 16, 17, 40, 150} (150 rows of top 2 among 4 experts put
+//! more than one 64-row tile in each expert), hidden and inter sizes off the 16-byte words (17, 20,
+//! 24) and on them (so the GEMMs run on the tensor cores for some cases and on gemm.cu for the
+//! others), outputs poisoned first. A pick beyond the experts is `IndexOutOfRange` and a row
+//! naming one expert twice an `Argument` error, on every backend (the GPU's at the next
+//! synchronize).
 
 mod common;
 
@@ -133,10 +141,13 @@ fn silu(g: f64) -> f64 {
     g / (1.0 + (-g).exp())
 }
 
-/// The op in f64 (rounded to f32) and the bound of the header, per element of out.
-fn reference(c: &Case, inp: &Inputs) -> (Vec<f32>, Vec<f64>) {
+/// The op in f64 (rounded to f32) and the bound of the header, per element of out, for the GEMVs'
+/// products or (`gemm`) the grouped GEMMs'.
+fn reference(c: &Case, inp: &Inputs, gemm: bool) -> (Vec<f32>, Vec<f64>) {
     let (h, i) = (c.hidden, c.inter);
     let u = 2f64.powi(-24);
+    let products =
+        |k: usize| if gemm { gamma(6 * k + k / 16 + 12) * (1.0 + 2f64.powi(-7)) } else { gamma(k + 9) };
     let (mut want, mut bound) = (Vec::new(), Vec::new());
     for r in 0..c.rows {
         let x = &inp.x[r * h..][..h];
@@ -153,7 +164,7 @@ fn reference(c: &Case, inp: &Inputs) -> (Vec<f32>, Vec<f64>) {
                     })
                 };
                 let ((g, ga), (uv, ua)) = (dot(gate), dot(up));
-                let (dg, du) = (gamma(h + 9) * ga, gamma(h + 9) * ua);
+                let (dg, du) = (products(h) * ga, products(h) * ua);
                 let (s_mag, u_mag) = (silu(g).abs() + 1.1 * dg, uv.abs() + du);
                 a[j] = silu(g) * uv;
                 da[j] = 1.1 * dg * u_mag + silu(g).abs() * du + 8.0 * u * s_mag * u_mag;
@@ -166,7 +177,7 @@ fn reference(c: &Case, inp: &Inputs) -> (Vec<f32>, Vec<f64>) {
                     over_a += (a[j].abs() + da[j]) * d.abs();
                     from_da += da[j] * d.abs();
                 }
-                let dy = gamma(i + 9) * over_a + from_da;
+                let dy = products(i) * over_a + from_da;
                 out[col] += omega * y;
                 err[col] += omega * dy;
                 mag[col] += omega * (y.abs() + dy);
@@ -209,10 +220,11 @@ fn run<B: Backend>(b: &B, t: &mut OnBackend<B::Storage>) -> Result<(), Error> {
     b.synchronize()
 }
 
-fn check<B: Backend>(b: &B, who: &str, c: &Case) {
+/// `c` on `b` against the reference, with the grouped GEMMs' bound where `gemm`.
+fn check<B: Backend>(b: &B, who: &str, c: &Case, gemm: bool) {
     let name = format!("{who} {c:?}");
     let inp = inputs(c);
-    let (want, bound) = reference(c, &inp);
+    let (want, bound) = reference(c, &inp, gemm);
     let mut t = on_backend(b, c, &inp, &inp.ids);
     run(b, &mut t).unwrap_or_else(|e| panic!("{name}: {e}"));
     assert_close(&name, &read_f32(b, &t.out), &want, &bound);
@@ -255,6 +267,8 @@ fn cases() -> Vec<Case> {
         (16, 2, 8, 32, 24),
         (17, 2, 4, 32, 24),
         (2, 2, 17, 32, 16),
+        (40, 2, 8, 64, 48),
+        (150, 2, 4, 32, 40),
     ];
     let mut v = Vec::new();
     let mut seed = 7u64;
@@ -275,8 +289,8 @@ fn cases() -> Vec<Case> {
 #[test]
 fn experts_match_the_f64_reference_on_the_cpu() {
     for c in cases() {
-        check(&Reference, "cpu-ref", &c);
-        check(&Fast::new(), "cpu", &c);
+        check(&Reference, "cpu-ref", &c, false);
+        check(&Fast::new(), "cpu", &c, false);
     }
     for rows in [1, 5] {
         check_errors(&Reference, "cpu-ref", rows);
@@ -285,14 +299,17 @@ fn experts_match_the_f64_reference_on_the_cpu() {
 }
 
 /// The launches of one `experts` call on a GPU: five routed on the device at up to 4 rows, seven
-/// at 5 to 16 (gate and up apart, then silu_mul), and the host-routed path's more otherwise.
+/// above (gate and up apart, then silu_mul), and the host-routed path's more above 16 experts.
 #[cfg(any(feature = "emulate", feature = "cuda", feature = "hip"))]
 fn check_gpu<D: memwall_runtime::gpu::Device>(b: &memwall_runtime::gpu::Gpu<D>, who: &str) {
+    let mut gemm_cases = 0;
     for c in cases() {
         let before = b.launches();
-        check(b, who, &c);
+        let device = c.experts <= 16;
+        let gemm = device && c.rows > 16;
+        gemm_cases += usize::from(gemm);
+        check(b, who, &c, gemm);
         let launched = b.launches() - before;
-        let device = c.rows <= 16 && c.experts <= 16;
         let want = if c.rows <= 4 { 5 } else { 7 };
         if device {
             assert_eq!(launched, want, "{who} {c:?}: routed on the device");
@@ -300,7 +317,8 @@ fn check_gpu<D: memwall_runtime::gpu::Device>(b: &memwall_runtime::gpu::Gpu<D>, 
             assert!(launched > want, "{who} {c:?}: {launched} launches on the host-routed path");
         }
     }
-    for rows in [1, 5, 17] {
+    assert!(gemm_cases >= 8, "{who}: {gemm_cases} cases on the grouped GEMMs");
+    for rows in [1, 5, 17, 40] {
         check_errors(b, who, rows);
     }
 }

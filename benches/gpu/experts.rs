@@ -1,14 +1,16 @@
 //! Mixtral's sparse MLP (`experts`) at the Mixtral 8x7B layer shape (8 experts of gate and up
 //! 14336 x 4096 and down 4096 x 14336, top 2), weights bf16 (no scale) and e4m3fn (per-channel f32
-//! scales), each expert's matrices from their own seed, batch 1, 4 and 16: routed on the device
-//! (the default: five launches, nothing read back) against the host-routed path on the same GPU
-//! and weights (`experts_composed`: the picks read back, then per picked expert a gather, the
-//! gate/up GEMV, the down GEMV and a scatter), the only peer at hand (cuBLAS has no MoE op). The
-//! calls rotate over `PATTERNS` sets of picks (random, distinct per row); bytes are the distinct
-//! picked experts' weights and scales plus x and out, averaged over the rotation: one picked
-//! expert's weights alone (352 MB in bf16) are several times the L2, so no call finds the last
-//! one's in cache. Before timing, the device-routed output is checked against the host-routed
-//! one (tests/experts.rs holds both to an f64 reference with derived bounds).
+//! scales), each expert's matrices from their own seed, batch 1, 4 and 16 and a 512-row prefill
+//! chunk: routed on the device (the default: five launches up to 4 rows, seven above, grouped
+//! GEMMs above 16 rows; nothing read back) against the host-routed path on the same GPU and
+//! weights (`experts_composed`: the picks read back, then per picked expert a gather, the gate/up
+//! product, the down product and a scatter), the only peer at hand (cuBLAS has no MoE op). The
+//! calls rotate over `PATTERNS` sets of picks (random, distinct per row); decode's bytes are the
+//! distinct picked experts' weights and scales plus x and out, averaged over the rotation: one
+//! picked expert's weights alone (352 MB in bf16) are several times the L2, so no call finds the
+//! last one's in cache. The prefill line is compute-bound and reports TFLOP/s of the products'
+//! 2 x 3 x pairs x 4096 x 14336 instead. Before timing, the device-routed output is checked against
+//! the host-routed one (tests/experts.rs holds both to an f64 reference with derived bounds).
 
 use memwall::runtime::backend::experts_composed;
 use memwall::runtime::cost::{ScaleLayout, linear_traffic};
@@ -22,6 +24,8 @@ const INTER: usize = 14336;
 const EXPERTS: usize = 8;
 const TOP_K: usize = 2;
 const BATCHES: [usize; 3] = [1, 4, 16];
+/// Rows of the prefill line: `memwall run`'s default prefill chunk.
+const PREFILL_ROWS: usize = 512;
 const WEIGHT_DTYPES: [DType; 2] = [DType::BF16, DType::F8E4M3Fn];
 /// Sets of picks the calls rotate over.
 const PATTERNS: usize = 8;
@@ -87,14 +91,25 @@ pub fn run(ctx: &Ctx, lines: &mut Vec<String>) {
             if ctx.out_of_time(&what, lines) {
                 continue;
             }
-            lines.push(line(ctx, &experts, expert_bytes, rows, &what));
+            lines.push(line(ctx, &experts, Some(expert_bytes), rows, &what));
+        }
+        let what = format!("{label} top-{TOP_K} prefill {PREFILL_ROWS}");
+        if !ctx.out_of_time(&what, lines) {
+            lines.push(line(ctx, &experts, None, PREFILL_ROWS, &what));
         }
     }
 }
 
 /// One batch size: checks the device-routed output against the host-routed one, times both over
-/// the rotation, and returns the summary line.
-fn line(ctx: &Ctx, experts: &[Expert<'_, Storage>], expert_bytes: u64, rows: usize, what: &str) -> String {
+/// the rotation, and returns the summary line: GB/s against the copy peak for decode (one
+/// expert's weight and scale bytes given), TFLOP/s for prefill (None).
+fn line(
+    ctx: &Ctx,
+    experts: &[Expert<'_, Storage>],
+    expert_bytes: Option<u64>,
+    rows: usize,
+    what: &str,
+) -> String {
     let gpu = &ctx.gpu;
     let x = gpu.upload_f32(DType::F32, &[rows, HIDDEN], &random_unit(rows * HIDDEN, 11)).expect("upload x");
     let w: Vec<f32> = random_unit(rows * TOP_K, 13).iter().map(|u| 0.5 + 0.25 * u).collect();
@@ -115,20 +130,31 @@ fn line(ctx: &Ctx, experts: &[Expert<'_, Storage>], expert_bytes: u64, rows: usi
     let (got, want) = (super::read_f32(gpu, &out), super::read_f32(gpu, &host_out));
     let scale = want.iter().fold(0f64, |m, v| m.max(f64::from(v.abs())));
     for (i, (&g, &v)) in got.iter().zip(&want).enumerate() {
-        // Both paths add the same products in f32 (their GEMV tiles may group them differently):
+        // Both paths add the same products in f32 (their GEMV or GEMM tiles may group them
+        // differently):
         // a loose sanity bound; tests/experts.rs derives the tight one.
         let bound = 1e-3 * (f64::from(v.abs()) + 1e-3 * scale);
         super::expect_close(&format!("{what} element {i}"), g, f64::from(v), bound);
     }
 
-    let bytes = sets.iter().map(|(_, distinct)| *distinct as u64 * expert_bytes).sum::<u64>() as f64
-        / sets.len() as f64
-        + (2 * rows * HIDDEN * 4) as f64;
     let device =
         best_rotation(gpu, ids.len(), |i| gpu.experts(&x, &ids[i], &w, experts, &mut scratch, &mut out));
     let host = best_rotation(gpu, ids.len(), |i| {
         experts_composed(gpu, d, &x, &ids[i], &w, experts, &mut scratch, &mut host_out)
     });
+    let Some(expert_bytes) = expert_bytes else {
+        let flops = (2 * 3 * rows * TOP_K * HIDDEN * INTER) as f64;
+        return format!(
+            "{:<44} {:>7.1} TFLOP/s (compute-bound: FLOPs, not bytes); {:.2}x host-routed ({:.1} TFLOP/s)",
+            format!("{what}:"),
+            flops / device / 1e12,
+            host / device,
+            flops / host / 1e12
+        );
+    };
+    let bytes = sets.iter().map(|(_, distinct)| *distinct as u64 * expert_bytes).sum::<u64>() as f64
+        / sets.len() as f64
+        + (2 * rows * HIDDEN * 4) as f64;
     let gbs = bytes / device / 1e9;
     format!(
         "{:<44} {gbs:>7.1} GB/s = {:>5.1}% of measured copy peak; {:.2}x host-routed ({:.1} GB/s)",

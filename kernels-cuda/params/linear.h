@@ -95,7 +95,11 @@ MW_LAYOUT(ExpertMatrix, weight, scales, scale, pad)
  * count return at once), as gemv_<w>[_block_<s>]_r<R> over blocks_per_expert blocks with
  * `base` (its n, k, block shape and y_dtype MW_Y_F32; x and y the bases above) and that expert's
  * mat[e]. An expert owns at most R rows when no row of ids repeats an expert (experts_route
- * reports one that does; rows past R are then left unwritten). */
+ * reports one that does; rows past R are then left unwritten).
+ * The grouped GEMMs gemm_experts_*, gemm_tc_experts_* and gemm_mfma_experts_* (gemm.cu,
+ * gemm_tc.cu, gemm_mfma.cu) take the same params for any number of rows: block (x, y) computes
+ * row tile y of the experts' row tiles in order of expert (from offsets; active and
+ * blocks_per_expert unused), column tile x, with the expert's mat[e]. */
 struct ExpertsGemvParams {
     struct LinearParams base;
     const uint32_t* offsets;

@@ -58,10 +58,10 @@ struct ScatterAddRowsParams {
 };
 MW_LAYOUT(ScatterAddRowsParams, dst, idx, src, weights, status, rows, picked, cols, rows_per_group)
 
-/* experts_route (one block of MW_ROUTE_THREADS): Mixtral's picks sorted by expert on the device.
- * ids u32 [rows, k] (pair p = r k + s is row r's s-th pick), weights f32 [rows, k]; with pairs =
- * rows k <= MW_ROUTE_THREADS and experts <= MW_MAX_EXPERTS (params/linear.h). Writes, with the
- * pairs in order of (expert, p):
+/* experts_route (one block of ROUTE_THREADS, rows.cu): Mixtral's picks sorted by expert on the
+ * device. ids u32 [rows, k] (pair p = r k + s is row r's s-th pick), weights f32 [rows, k]; any
+ * number of pairs (rows k, below 2^32) and experts <= MW_MAX_EXPERTS (common.cuh). Writes, with
+ * the pairs in order of (expert, p):
  *   order[i]       the row of x sorted pair i reads (for gather_rows_f32)
  *   sorted_w[i]    its router weight
  *   offsets[e]     the first sorted pair of expert e, e <= experts (offsets[experts] = pairs)

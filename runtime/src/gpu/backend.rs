@@ -182,6 +182,6 @@ impl<D: Device> Backend for Gpu<D> {
     }
 
     fn experts_on_device(&self, d: ExpertsDims, experts: &[Expert<'_, Self::Storage>]) -> bool {
-        ops::experts::on_device::<D>(d, experts)
+        ops::experts::on_device::<D>(d, experts, self.device().info())
     }
 }

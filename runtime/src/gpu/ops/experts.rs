@@ -1,30 +1,39 @@
-//! `experts` routed on the device: Mixtral's sparse MLP at decode as five launches that read
-//! nothing back, so a decode step of a Mixtral model records as a graph like a dense one.
+//! `experts` routed on the device: Mixtral's sparse MLP as launches that read nothing back, so a
+//! decode step of a Mixtral model records as a graph like a dense one, and a prefill step pays no
+//! round trip per layer.
 //!
 //! 1. `experts_route` (rows.cu, one block): the router's picks sorted by expert (counting, stable
 //!    in pair order): the x row of each sorted pair, its weight, each expert's first sorted pair,
 //!    the list of experts with pairs, and where each row's picks landed.
 //! 2. `gather_rows_f32`: x's rows in sorted order, so each expert's rows are contiguous.
-//! 3. `experts_gate_up_<w>[_block_<s>]_r<R>` (gemv.cu, R = 1 or 4): each active expert's fused
-//!    gate/up GEMV on its rows; above 4 rows `experts_gemv_..._r16` for gate and for up, then
-//!    `silu_mul_f32` (as `gate_up_silu` composes above its fused tiles).
-//! 4. `experts_gemv_<w>[_block_<s>]_r<R>`: each active expert's down GEMV on its rows.
+//! 3. Gate and up, each active expert's on its rows. Up to 4 rows, `experts_gate_up_<w>[_block_<s>]_r<R>`
+//!    (gemv.cu, R = 1 or 4): the fused gate/up GEMV. At 5 to 16 rows `experts_gemv_..._r16` for
+//!    gate and for up, then `silu_mul_f32` (as `gate_up_silu` composes above its fused tiles).
+//!    Above 16 rows (prefill) the grouped GEMM of the path `linear` would take for one expert
+//!    ([`gemm_path`]: `gemm_tc_experts_*` of gemm_tc.cu on mma.sync, `gemm_mfma_experts_*` of
+//!    gemm_mfma.cu on AMD's MFMA, `gemm_experts_*` of gemm.cu otherwise) for gate and for up, then
+//!    `silu_mul_f32`.
+//! 4. The down projection likewise: `experts_gemv_<w>[_block_<s>]_r<R>` or the grouped GEMM.
 //! 5. `experts_combine_f32`: each row's expert outputs times their weights, added in order of
 //!    expert from zero, one fma each: scatter_add_rows' order and rounding into a zeroed out.
 //!
-//! The GEMV grids hold `blocks_per_expert` blocks for each expert that can be active (at most rows
-//! x k of them), sized so the active experts' blocks fill the device as one GEMV's would; blocks
-//! past the experts the route found return at once. Each expert's matrices reach the kernel in
-//! its params (at most [`MAX_EXPERTS`]). Every weight byte of a picked expert is read once for all
-//! its rows; experts no row picked are not read. Shapes the kernels do not take (more than
-//! [`GEMV_MAX_ROWS`] rows, more experts, experts of mixed dtypes or scale layouts) take
-//! [`experts_composed`], routed on the host.
+//! Five launches up to 4 rows, seven above. The GEMV grids hold `blocks_per_expert` blocks for each
+//! expert that can be active (at most rows x k of them), sized so the active experts' blocks fill
+//! the device as one GEMV's would; blocks past the experts the route found return at once. The
+//! grouped GEMM's grid holds the row tiles of every split of the sorted rows among the experts
+//! (`ceil(pairs / TILE_M) + active - 1` rows of tiles); each block finds its expert's tile from the
+//! route's offsets, and blocks past the last tile return at once. Each expert's matrices reach the
+//! kernels in their params (at most [`MAX_EXPERTS`]). Every weight byte of a picked expert is read
+//! once for all its rows by a GEMV, once per 64 of its rows by a GEMM; experts no row picked are
+//! not read. More experts, or experts of mixed dtypes or scale layouts, take [`experts_composed`],
+//! routed on the host. Where `Gpu::set_gemm_warpgroup` sends dense GEMMs to wgmma, the experts'
+//! GEMMs stay on mma.sync (no grouped wgmma kernel yet).
 
 use super::super::{Device, DeviceInfo, Gpu, GpuStorage, LaunchCfg, dim};
 use super::addr;
+use super::gemm::{GemmPath, experts_gemm_launch, gemm_path};
 use super::linear::{
-    GATE_UP_ROW_TILES, GEMV_MAX_ROWS, GEMV_ROW_TILES, LinearParams, gemv_launch, kernel_name, row_tile,
-    weight_params,
+    GATE_UP_ROW_TILES, GEMV_ROW_TILES, LinearParams, gemv_launch, kernel_name, row_tile, weight_params,
 };
 use super::rows::{GatherRowsParams, gather_launch};
 use crate::backend::experts_composed;
@@ -36,7 +45,8 @@ type E<'a, D> = Expert<'a, GpuStorage<<D as Device>::Buffer>>;
 
 /// `MW_MAX_EXPERTS` of common.cuh: the most experts the device-routed kernels take.
 pub const MAX_EXPERTS: usize = 16;
-/// `ROUTE_THREADS` of rows.cu: one thread per (row, pick) pair.
+/// `ROUTE_THREADS` of rows.cu: the one block of `experts_route`, each thread counting and placing
+/// a run of ceil(pairs / ROUTE_THREADS) pairs.
 pub const ROUTE_THREADS: u32 = 256;
 /// `SCATTER_THREADS` of rows.cu, the block of `experts_combine_f32`.
 const COMBINE_THREADS: u32 = 256;
@@ -128,6 +138,11 @@ pub fn kernel_names() -> Vec<&'static str> {
             names.extend(
                 GATE_UP_ROW_TILES.iter().filter_map(|&r| kernel_name("experts_gate_up", w, s, Some(r))),
             );
+            names.extend(kernel_name("gemm_experts", w, s, None));
+            if w != DType::F32 {
+                names.extend(kernel_name("gemm_tc_experts", w, s, None));
+                names.extend(kernel_name("gemm_mfma_experts", w, s, None));
+            }
         }
     }
     names
@@ -140,6 +155,8 @@ struct Matrices {
     scale_dtype: Option<DType>,
     block: (u32, u32),
     mat: [ExpertMatrix; MAX_EXPERTS],
+    /// Whether every expert's weight starts on a 16-byte word (the tensor-core GEMMs read words).
+    aligned: bool,
 }
 
 impl Matrices {
@@ -154,6 +171,7 @@ impl Matrices {
         let dtype = pick(first).weight.dtype();
         let (scale_dtype, _, block_rows, block_cols, _) = weight_params::<D>(d, pick(first))?;
         let mut mat = [ExpertMatrix::default(); MAX_EXPERTS];
+        let mut aligned = true;
         for (e, x) in experts.iter().enumerate() {
             let w = pick(x);
             let (s_dtype, scales, rows, cols, scale) = weight_params::<D>(d, w)?;
@@ -161,14 +179,36 @@ impl Matrices {
                 return Ok(None);
             }
             mat[e] = ExpertMatrix { weight: addr::<D>(&w.weight), scales, scale, pad: 0 };
+            aligned &= mat[e].weight.is_multiple_of(16);
         }
-        Ok(Some(Matrices { dtype, scale_dtype, block: (block_rows, block_cols), mat }))
+        Ok(Some(Matrices { dtype, scale_dtype, block: (block_rows, block_cols), mat, aligned }))
     }
 
-    /// The kernel of `family` for these matrices at row tile `rows`.
-    fn kernel(&self, family: &str, rows: usize) -> Option<&'static str> {
-        kernel_name(family, self.dtype, self.scale_dtype, Some(rows))
+    /// The kernel of `family` for these matrices at row tile `rows` (None for a GEMM).
+    fn kernel(&self, family: &str, rows: Option<usize>) -> Option<&'static str> {
+        kernel_name(family, self.dtype, self.scale_dtype, rows)
     }
+
+    /// The grouped GEMM's path at `d` on `info`: `linear`'s for one expert's matrix, but the
+    /// CUDA-core GEMM where a weight is not on a 16-byte word.
+    fn gemm_path(&self, d: LinearDims, info: &DeviceInfo) -> GemmPath {
+        let blocks = self.scale_dtype.map(|_| (self.block.0 as usize, self.block.1 as usize));
+        match gemm_path(d, self.dtype, blocks, info) {
+            GemmPath::CudaCore => GemmPath::CudaCore,
+            _ if !self.aligned => GemmPath::CudaCore,
+            path => path,
+        }
+    }
+}
+
+/// How a device-routed `experts` runs its products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Products {
+    /// Up to [`GEMV_MAX_ROWS`](super::linear::GEMV_MAX_ROWS) rows: gemv.cu's experts kernels at row tile `rows` (the down
+    /// projection's, and gate's and up's where not fused), the fused gate/up at tile `fused`.
+    Gemv { rows: usize, fused: Option<usize> },
+    /// More rows: the grouped GEMMs of these paths for gate and up, and for down.
+    Gemm { up: GemmPath, down: GemmPath },
 }
 
 /// The three matrix kinds of a device-routed `experts` at `d`, or None where it takes the host.
@@ -176,17 +216,33 @@ struct Plan {
     gate: Matrices,
     up: Matrices,
     down: Matrices,
-    /// The down GEMV's row tile.
-    rows: usize,
-    /// The fused gate/up tile, or None for two GEMVs and silu_mul.
-    fused: Option<usize>,
+    products: Products,
 }
 
-fn plan<D: Device>(d: ExpertsDims, experts: &[E<'_, D>]) -> Result<Option<Plan>> {
-    if d.rows > GEMV_MAX_ROWS || d.experts > MAX_EXPERTS || d.rows * d.k > ROUTE_THREADS as usize {
+impl Plan {
+    /// The kernel `products` runs for matrix kind `m` (`down` or not), None where the build has
+    /// none (a dtype no kernel takes).
+    fn kernel(&self, m: &Matrices, down: bool) -> Option<&'static str> {
+        match self.products {
+            Products::Gemv { rows, .. } => m.kernel("experts_gemv", Some(rows)),
+            Products::Gemm { up, down: path } => m.kernel(gemm_family(if down { path } else { up }), None),
+        }
+    }
+}
+
+/// The grouped GEMM kernel family of a [`GemmPath`] (the warpgroup path has none: mma.sync's).
+fn gemm_family(path: GemmPath) -> &'static str {
+    match path {
+        GemmPath::CudaCore => "gemm_experts",
+        GemmPath::TensorCore | GemmPath::Warpgroup => "gemm_tc_experts",
+        GemmPath::MatrixCore => "gemm_mfma_experts",
+    }
+}
+
+fn plan<D: Device>(d: ExpertsDims, experts: &[E<'_, D>], info: &DeviceInfo) -> Result<Option<Plan>> {
+    if d.experts > MAX_EXPERTS || u32::try_from(d.rows * d.k).is_err() {
         return Ok(None);
     }
-    let Some(rows) = row_tile(&GEMV_ROW_TILES, d.rows) else { return Ok(None) };
     let up_dims = LinearDims { m: d.rows, n: d.inter, k: d.hidden };
     let down_dims = LinearDims { m: d.rows, n: d.hidden, k: d.inter };
     let (Some(gate), Some(up), Some(down)) = (
@@ -199,18 +255,28 @@ fn plan<D: Device>(d: ExpertsDims, experts: &[E<'_, D>]) -> Result<Option<Plan>>
     if (up.dtype, up.scale_dtype, up.block) != (gate.dtype, gate.scale_dtype, gate.block) {
         return Ok(None);
     }
-    let fused = row_tile(&GATE_UP_ROW_TILES, d.rows);
-    let kernels_exist = down.kernel("experts_gemv", rows).is_some()
-        && match fused {
-            Some(r) => gate.kernel("experts_gate_up", r).is_some(),
-            None => gate.kernel("experts_gemv", rows).is_some(),
-        };
-    Ok(kernels_exist.then_some(Plan { gate, up, down, rows, fused }))
+    let products = match row_tile(&GEMV_ROW_TILES, d.rows) {
+        Some(rows) => Products::Gemv { rows, fused: row_tile(&GATE_UP_ROW_TILES, d.rows) },
+        None => {
+            let up_path = match (gate.gemm_path(up_dims, info), up.gemm_path(up_dims, info)) {
+                (a, b) if a == b => a,
+                _ => GemmPath::CudaCore,
+            };
+            Products::Gemm { up: up_path, down: down.gemm_path(down_dims, info) }
+        }
+    };
+    let plan = Plan { gate, up, down, products };
+    let gate_up = match products {
+        Products::Gemv { fused: Some(r), .. } => plan.gate.kernel("experts_gate_up", Some(r)),
+        _ => plan.kernel(&plan.gate, false),
+    };
+    let kernels_exist = gate_up.is_some() && plan.kernel(&plan.down, true).is_some();
+    Ok(kernels_exist.then_some(plan))
 }
 
 /// Whether [`experts`] routes `d` on the device (else it takes [`experts_composed`]).
-pub(crate) fn on_device<D: Device>(d: ExpertsDims, experts: &[E<'_, D>]) -> bool {
-    plan::<D>(d, experts).is_ok_and(|p| p.is_some())
+pub(crate) fn on_device<D: Device>(d: ExpertsDims, experts: &[E<'_, D>], info: &DeviceInfo) -> bool {
+    plan::<D>(d, experts, info).is_ok_and(|p| p.is_some())
 }
 
 /// Blocks per expert of a grouped GEMV over `n` output features with at most `active` experts
@@ -233,15 +299,19 @@ pub(crate) fn experts<D: Device>(
     scratch: &mut ExpertsScratch<GpuStorage<D::Buffer>>,
     out: &mut T<D>,
 ) -> Result<()> {
-    let Some(plan) = plan::<D>(d, experts)? else {
+    let info = g.device().info();
+    let Some(plan) = plan::<D>(d, experts, info)? else {
         return experts_composed(g, d, x, ids, weights, experts, scratch, out);
     };
     let op = "experts";
-    let info = g.device().info();
     let pairs = d.rows * d.k;
     let active_max = d.experts.min(pairs);
     let f32s = |rows: usize, cols: usize| rows * cols * 4;
-    let unfused = if plan.fused.is_none() { f32s(pairs, d.inter) } else { 0 };
+    let fused = match plan.products {
+        Products::Gemv { fused, .. } => fused,
+        Products::Gemm { .. } => None,
+    };
+    let unfused = if fused.is_none() { f32s(pairs, d.inter) } else { 0 };
     let sizes = [
         f32s(pairs, 1),           // 0 order
         f32s(pairs, 1),           // 1 sorted_w
@@ -273,8 +343,8 @@ pub(crate) fn experts<D: Device>(
             experts: dim(op, "experts", d.experts)?,
             pad: 0,
         };
-        // SAFETY: ids u32 and weights f32 hold rows x k = pairs <= ROUTE_THREADS elements
-        // (`check_experts`, `plan`); the kernel writes pairs entries of order, sorted_w and row_pos,
+        // SAFETY: ids u32 and weights f32 hold rows x k = pairs elements (`check_experts`; pairs
+        // fits in 32 bits, `plan`); the kernel writes pairs entries of order, sorted_w and row_pos,
         // experts + 1 of offsets and at most MAX_EXPERTS + 1 of active, all inside the scratch,
         // and routes an id beyond the experts (reported) to the last expert.
         unsafe { g.launch("experts_route", LaunchCfg::linear(1, ROUTE_THREADS, 0), &route)? };
@@ -311,8 +381,17 @@ pub(crate) fn experts<D: Device>(
         let grid = |per: u32| -> Result<LaunchCfg> {
             Ok(LaunchCfg::linear(dim(op, "blocks", per as usize * active_max)?, threads, 0))
         };
-        let gemv = |name: &'static str, y: u64, x: u64, n: usize, k: usize, m: &Matrices| -> Result<()> {
+        // Each active expert's product of matrix kind `m` (`down` or not) on its sorted rows of x
+        // (pairs x k f32) into y (pairs x n f32): a grouped GEMV or GEMM as the plan says.
+        let product = |y: u64, x: u64, n: usize, k: usize, m: &Matrices, down: bool| -> Result<()> {
+            let name = plan.kernel(m, down).ok_or_else(|| super::unsupported(op, g.name()))?;
             let (base, per) = grouped(y, x, n, k, m)?;
+            let cfg = match plan.products {
+                Products::Gemv { .. } => grid(per)?,
+                Products::Gemm { up, down: down_path } => {
+                    experts_gemm_launch(if down { down_path } else { up }, pairs, active_max, n, info)?
+                }
+            };
             let p = ExpertsGemvParams {
                 base,
                 offsets,
@@ -323,11 +402,13 @@ pub(crate) fn experts<D: Device>(
             };
             // SAFETY: x holds pairs x k f32 and y pairs x n f32 (scratch); each expert's weight is
             // [n, k] of the kernel's dtype with scales of its scale dtype and block shape (`plan`
-            // compared them, `check_experts` checked each); the route's offsets split the pairs
-            // among the experts, each of whose blocks bounds its rows by offsets, R, n and k.
-            unsafe { g.launch(name, grid(per)?, &p) }
+            // compared them, `check_experts` checked each; the tensor-core GEMMs only where k is a
+            // multiple of a weight word and every weight on a word, `Matrices::gemm_path`); the
+            // route's offsets split the pairs among the experts, and each block bounds its rows by
+            // them (and by R for a GEMV), its outputs by n and its reads by k.
+            unsafe { g.launch(name, cfg, &p) }
         };
-        match plan.fused {
+        match fused {
             Some(r) => {
                 let (base, per) = grouped(act, xs, d.inter, d.hidden, &plan.gate)?;
                 let p = ExpertsGateUpParams {
@@ -339,18 +420,16 @@ pub(crate) fn experts<D: Device>(
                     gate: plan.gate.mat,
                     up: plan.up.mat,
                 };
-                let name =
-                    plan.gate.kernel("experts_gate_up", r).ok_or_else(|| super::unsupported(op, g.name()))?;
-                // SAFETY: as for `gemv` above, with gate and up of one dtype and block shape.
+                let name = plan
+                    .gate
+                    .kernel("experts_gate_up", Some(r))
+                    .ok_or_else(|| super::unsupported(op, g.name()))?;
+                // SAFETY: as for `product` above, with gate and up of one dtype and block shape.
                 unsafe { g.launch(name, grid(per)?, &p)? };
             }
             None => {
-                let name = plan
-                    .gate
-                    .kernel("experts_gemv", plan.rows)
-                    .ok_or_else(|| super::unsupported(op, g.name()))?;
-                gemv(name, gate, xs, d.inter, d.hidden, &plan.gate)?;
-                gemv(name, up, xs, d.inter, d.hidden, &plan.up)?;
+                product(gate, xs, d.inter, d.hidden, &plan.gate, false)?;
+                product(up, xs, d.inter, d.hidden, &plan.up, false)?;
                 let n = (pairs * d.inter) as u64;
                 let p = super::elementwise::SiluMulParams { out: act, gate, up, n };
                 let blocks = super::elementwise::element_grid(n, 4, info.sm_count);
@@ -359,9 +438,7 @@ pub(crate) fn experts<D: Device>(
                 unsafe { g.launch("silu_mul_f32", cfg, &p)? };
             }
         }
-        let name =
-            plan.down.kernel("experts_gemv", plan.rows).ok_or_else(|| super::unsupported(op, g.name()))?;
-        gemv(name, ys, act, d.hidden, d.inter, &plan.down)?;
+        product(ys, act, d.hidden, d.inter, &plan.down, true)?;
 
         let n = d.rows * d.hidden;
         let blocks = n

@@ -198,6 +198,31 @@ pub fn gemm_wg_launch(m: usize, n: usize, weight: DType, info: &DeviceInfo) -> R
     Ok(cfg)
 }
 
+/// The grid of the `experts` op's grouped GEMM on `path` (`gemm_experts_*`, `gemm_tc_experts_*`
+/// or `gemm_mfma_experts_*`; the warpgroup path runs gemm_tc.cu's): the path's tiles over `n`
+/// output features, and enough rows of tiles for `pairs` sorted rows split among at most `active`
+/// experts, each expert's last tile partly empty: sum over e of ceil(rows_e / TILE_M) <=
+/// ceil(pairs / TILE_M) + active - 1.
+pub fn experts_gemm_launch(
+    path: GemmPath,
+    pairs: usize,
+    active: usize,
+    n: usize,
+    info: &DeviceInfo,
+) -> Result<LaunchCfg> {
+    let tile_m = match path {
+        GemmPath::CudaCore => TILE_M,
+        GemmPath::TensorCore | GemmPath::Warpgroup => TC_TILE_M,
+        GemmPath::MatrixCore => MFMA_TILE_M,
+    };
+    let m = (pairs.div_ceil(tile_m) + active.max(1) - 1) * tile_m;
+    match path {
+        GemmPath::CudaCore => gemm_launch(m, n, info),
+        GemmPath::TensorCore | GemmPath::Warpgroup => gemm_tc_launch(m, n, info),
+        GemmPath::MatrixCore => gemm_mfma_launch(m, n, info),
+    }
+}
+
 pub(crate) fn gemm<D: Device>(
     g: &Gpu<D>,
     d: LinearDims,
@@ -240,6 +265,21 @@ mod tests {
         assert_eq!((tc.grid, tc.block), ([224, 8, 1], [128, 1, 1]));
         assert_eq!(gemm_tc_launch(17, 70, &info).unwrap().grid, [2, 1, 1]);
         assert!(gemm_tc_launch(65536 * 64 + 1, 1, &info).is_err());
+    }
+
+    #[test]
+    fn experts_grid_holds_every_split_of_the_rows() {
+        let info = super::super::test_h200();
+        // 1024 pairs (512 rows, top 2) among 8 experts: 16 tiles of 64 rows, plus one partial
+        // tile for each expert but one.
+        let tc = experts_gemm_launch(GemmPath::TensorCore, 1024, 8, 14336, &info).unwrap();
+        assert_eq!((tc.grid, tc.block), ([224, 23, 1], [128, 1, 1]));
+        assert_eq!(experts_gemm_launch(GemmPath::Warpgroup, 1024, 8, 14336, &info).unwrap().grid, tc.grid);
+        assert_eq!(experts_gemm_launch(GemmPath::CudaCore, 34, 2, 24, &info).unwrap().grid, [1, 2, 1]);
+        let mf = experts_gemm_launch(GemmPath::MatrixCore, 65, 1, 4096, &info).unwrap();
+        assert_eq!(mf.grid, [32, 2, 1]);
+        // The bound is tight: 3 experts of 65, 65 and 62 rows take 2 + 2 + 1 tiles.
+        assert_eq!(192usize.div_ceil(64) + 3 - 1, 2 + 2 + 1);
     }
 
     #[test]
