@@ -109,7 +109,9 @@ MW_DEV void gemm(const LinearParams& p) {
 }
 
 // The `experts` op's grouped GEMM: block (x, y) takes row tile y of the experts' sorted rows
-// (mw_linear::expert_tile) and that expert's matrix.
+// (mw_linear::expert_tile) and that expert's matrix. Its params stay in registers (64 of them, no
+// spills): a shared copy, as the tensor-core tiles take (shared_expert_tile), put the source of the
+// copy in scratch memory on AMD.
 template <typename W, typename Scale>
 MW_DEV void gemm_experts(const ExpertsGemvParams& q) {
     LinearParams p;

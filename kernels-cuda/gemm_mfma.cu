@@ -180,14 +180,9 @@ MW_DEV void gemm_mfma_experts(const ExpertsGemvParams& q) {
     (void)q;
     __trap();
 #else
-    // The expert's params in shared memory, read where the tile uses them rather than held in
-    // registers beside the accumulators (the plain GEMM reads its own from the constant bank).
     MW_SHARED(LinearParams, p_smem);
-    LinearParams p;
     uint64_t i0;
-    if (!expert_tile<TILE_M>(q, p, i0)) return;
-    if (threadIdx.x == 0) p_smem = p;
-    __syncthreads();
+    if (!shared_expert_tile<TILE_M>(q, p_smem, i0)) return;
     gemm_mfma_tile<W, Scale>(p_smem, i0, uint64_t(blockIdx.x) * TILE_N);
 #endif
 }

@@ -446,6 +446,19 @@ MW_DEV bool expert_tile(const ExpertsGemvParams& q, LinearParams& p, uint64_t& i
     return true;
 }
 
+// expert_tile with the params written to `p_smem`, the block's shared copy (a barrier inside,
+// reached by the whole block or by none of it): the tensor-core tiles read them where they use
+// them rather than hold them in registers beside their accumulators (the plain GEMMs read theirs
+// from the constant bank).
+template <int TILE_M>
+MW_DEV bool shared_expert_tile(const ExpertsGemvParams& q, LinearParams& p_smem, uint64_t& i0) {
+    LinearParams p;
+    if (!expert_tile<TILE_M>(q, p, i0)) return false;
+    if (threadIdx.x == 0) p_smem = p;
+    __syncthreads();
+    return true;
+}
+
 }  // namespace mw_linear
 
 // Every weight dtype x {plain, block f32 scales, block bf16 scales}: INSTANTIATE(suffix, W, Scale).
