@@ -278,8 +278,11 @@ mod tests {
         assert_eq!(experts_gemm_launch(GemmPath::CudaCore, 34, 2, 24, &info).unwrap().grid, [1, 2, 1]);
         let mf = experts_gemm_launch(GemmPath::MatrixCore, 65, 1, 4096, &info).unwrap();
         assert_eq!(mf.grid, [32, 2, 1]);
-        // The bound is tight: 3 experts of 65, 65 and 62 rows take 2 + 2 + 1 tiles.
-        assert_eq!(192usize.div_ceil(64) + 3 - 1, 2 + 2 + 1);
+        // The bound is reached: 3 experts of 65, 65 and 62 rows take 2 + 2 + 1 tiles.
+        assert_eq!(
+            experts_gemm_launch(GemmPath::TensorCore, 65 + 65 + 62, 3, 64, &info).unwrap().grid[1],
+            2 + 2 + 1
+        );
     }
 
     #[test]
