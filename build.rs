@@ -6,6 +6,10 @@
 //!   clang (17 or newer) and ROCm device libraries are found;
 //! - `simt` (feature `emulate`): the sources compiled as host C++ against `simt/`, linked in, so
 //!   the kernels run on the CPU in tests.
+//!
+//! `MEMWALL_CHECK_ONLY=1` writes only what rustc type-checks against (the embedded sources, empty
+//! image lists) and compiles no kernel: for `cargo clippy` / `cargo check` (scripts/lint.sh), which
+//! never link. A build that links fails with it under `emulate` (no SIMT images).
 
 #[path = "build/embed.rs"]
 mod embed;
@@ -17,6 +21,12 @@ mod nvcc;
 mod simt;
 
 use std::path::PathBuf;
+
+/// `MEMWALL_CHECK_ONLY=1`: compile no kernel (nvcc, clang, the SIMT images); see the module doc.
+fn check_only() -> bool {
+    println!("cargo::rerun-if-env-changed=MEMWALL_CHECK_ONLY");
+    std::env::var("MEMWALL_CHECK_ONLY").is_ok_and(|v| v == "1")
+}
 
 fn main() {
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));

@@ -253,7 +253,8 @@ pub fn run(root: &Path, out: &Path) {
     println!("cargo::rerun-if-env-changed=MEMWALL_HIP_ARCHS");
     println!("cargo::rerun-if-changed=kernels-hip");
     let skip = std::env::var("MEMWALL_HIP").is_ok_and(|v| v == "0")
-        || std::env::var("MEMWALL_SIMT_ASAN").is_ok_and(|v| v == "1");
+        || std::env::var("MEMWALL_SIMT_ASAN").is_ok_and(|v| v == "1")
+        || crate::check_only();
     let clang = if skip { None } else { find_clang() };
     let (Some(clang), Some(libs)) = (clang, if skip { None } else { device_libs() }) else {
         write_empty(out);
