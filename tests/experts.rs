@@ -31,7 +31,9 @@ mod common;
 
 use common::*;
 use memwall_runtime::cpu::{Fast, Reference};
-use memwall_runtime::{Backend, DType, Error, Expert, ExpertsScratch, Linear, Tensor, WeightScale};
+use memwall_runtime::{
+    Backend, DType, Error, Expert, ExpertsDims, ExpertsScratch, Linear, Tensor, WeightScale,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Scale {
@@ -207,7 +209,11 @@ fn on_backend<B: Backend>(b: &B, c: &Case, inp: &Inputs, ids: &[u32]) -> OnBacke
         x: upload(b, DType::F32, &[c.rows, c.hidden], &inp.x),
         ids: upload_u32(b, &[c.rows, c.k], ids),
         pick_w: upload(b, DType::F32, &[c.rows, c.k], &inp.weights),
-        scratch: ExpertsScratch::alloc(b, c.rows, c.hidden, c.inter).expect("scratch"),
+        scratch: ExpertsScratch::alloc(
+            b,
+            ExpertsDims { rows: c.rows, k: c.k, experts: c.experts, hidden: c.hidden, inter: c.inter },
+        )
+        .expect("scratch"),
         out: poisoned(b, DType::F32, &[c.rows, c.hidden]),
     }
 }
@@ -296,6 +302,10 @@ fn experts_match_the_f64_reference_on_the_cpu() {
         check_errors(&Reference, "cpu-ref", rows);
         check_errors(&Fast::new(), "cpu", rows);
     }
+    // The host-routed form gathers one expert's rows at a time: the CPUs hold no more.
+    let dims = ExpertsDims { rows: 7, k: 2, experts: 8, hidden: 16, inter: 8 };
+    assert_eq!(ExpertsScratch::alloc(&Fast::new(), dims).expect("scratch").held_rows(), 7);
+    assert_eq!(ExpertsScratch::alloc(&Reference, dims).expect("scratch").held_rows(), 7);
 }
 
 /// The launches of one `experts` call on a GPU: five routed on the device at up to 4 rows, seven
@@ -321,6 +331,40 @@ fn check_gpu<D: memwall_runtime::gpu::Device>(b: &memwall_runtime::gpu::Gpu<D>, 
     for rows in [1, 5, 17, 40] {
         check_errors(b, who, rows);
     }
+    for rows in [3, 40] {
+        check_scratch(b, who, rows);
+    }
+}
+
+/// The device-routed path works in the caller's scratch, which holds every pick's row on a GPU
+/// (rows x k), while one sized for the host-routed path (allocated for more than 16 experts, so
+/// `rows` rows) is a typed error before anything runs, not a write past its end.
+#[cfg(any(feature = "emulate", feature = "cuda", feature = "hip"))]
+fn check_scratch<D: memwall_runtime::gpu::Device>(b: &memwall_runtime::gpu::Gpu<D>, who: &str, rows: usize) {
+    let c = Case {
+        rows,
+        k: 2,
+        experts: 4,
+        hidden: 32,
+        inter: 24,
+        dtype: DType::BF16,
+        scale: Scale::PerChannel,
+        seed: 41,
+    };
+    let inp = inputs(&c);
+    let mut t = on_backend(b, &c, &inp, &inp.ids);
+    assert_eq!(t.scratch.held_rows(), rows * 2, "{who}: a device-routed scratch holds every pick");
+    let dims = ExpertsDims { rows, k: 2, experts: 17, hidden: c.hidden, inter: c.inter };
+    t.scratch = ExpertsScratch::alloc(b, dims).expect("scratch");
+    assert_eq!(t.scratch.held_rows(), rows, "{who}: a host-routed scratch holds the rows");
+    let before = b.launches();
+    match run(b, &mut t) {
+        Err(Error::Argument { op: "experts", msg })
+            if msg.contains(&format!("scratch of {rows} rows for {} picks", 2 * rows)) => {}
+        other => panic!("{who} rows {rows}: a scratch of too few rows: {other:?}"),
+    }
+    assert_eq!(b.launches(), before, "{who}: launches before the scratch check");
+    assert_poisoned(b, "experts output after a scratch error", &t.out);
 }
 
 #[cfg(feature = "emulate")]

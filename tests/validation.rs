@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use common::*;
 use memmap2::Mmap;
 use memwall_runtime::{
-    Backend, DType, Error, Expert, ExpertsScratch, HostStorage, HostTensor, KvCacheLayer, Linear,
-    Llama3RopeScaling, Rope, SamplingParams, Tensor, WeightScale,
+    Backend, DType, Error, Expert, ExpertsDims, ExpertsScratch, HostStorage, HostTensor, KvCacheLayer,
+    Linear, Llama3RopeScaling, Rope, SamplingParams, Tensor, WeightScale,
 };
 
 type R<T> = memwall_runtime::Result<T>;
@@ -1793,7 +1793,8 @@ fn experts_errors(b: &impl HostBackend) {
     let x = rnd(b, &mut rng, DType::F32, &[rows, h]);
     let ids = upload_u32(b, &[rows, k], &[0, 1, 2, 3, 1, 0]);
     let w = rnd(b, &mut rng, DType::F32, &[rows, k]);
-    let mut scratch = ExpertsScratch::alloc(b, rows, h, i).expect("scratch");
+    let mut scratch =
+        ExpertsScratch::alloc(b, ExpertsDims { rows, k, experts: e, hidden: h, inter: i }).expect("scratch");
     let mut out = z(b, DType::F32, &[rows, h]);
     b.experts(&x, &ids, &w, &experts, &mut scratch, &mut out).expect("a valid call");
 
@@ -1852,10 +1853,20 @@ fn experts_errors(b: &impl HostBackend) {
         b.experts(&x, &ids, &w, &experts, &mut scratch, &mut z(b, DType::F32, &[rows, h + 1])),
         shape(op, "out", &[rows, h + 1], &format!("[{rows}, {h}]")),
     );
-    let mut small = ExpertsScratch::alloc(b, rows - 1, h, i).expect("scratch");
+    let mut small =
+        ExpertsScratch::alloc(b, ExpertsDims { rows: rows - 1, k, experts: e, hidden: h, inter: i })
+            .expect("scratch");
     match err("scratch of fewer rows", b.experts(&x, &ids, &w, &experts, &mut small, &mut out)) {
         Error::Argument { op: "experts", msg } if msg.contains("scratch of 2 rows") => {}
         other => panic!("{} scratch of fewer rows: {other:?}", b.name()),
+    }
+    let mut fewer_picks =
+        ExpertsScratch::alloc(b, ExpertsDims { rows, k: k - 1, experts: e, hidden: h, inter: i })
+            .expect("scratch");
+    match err("scratch of fewer picks", b.experts(&x, &ids, &w, &experts, &mut fewer_picks, &mut out)) {
+        Error::Argument { op: "experts", msg }
+            if msg.contains(&format!("scratch of {rows} rows of {} picks", k - 1)) => {}
+        other => panic!("{} scratch of fewer picks: {other:?}", b.name()),
     }
 
     for (picks, want) in [

@@ -15,7 +15,7 @@
 use memwall::runtime::backend::experts_composed;
 use memwall::runtime::cost::{ScaleLayout, linear_traffic};
 use memwall::runtime::ops::check_experts;
-use memwall::runtime::{Backend, DType, Expert, ExpertsScratch, Linear, Tensor, WeightScale};
+use memwall::runtime::{Backend, DType, Expert, ExpertsDims, ExpertsScratch, Linear, Tensor, WeightScale};
 
 use super::{Ctx, CudaGpu, Storage, best_rotation, random_bytes, random_unit, splitmix};
 
@@ -117,7 +117,11 @@ fn line(
     let sets = patterns(rows);
     let ids: Vec<Tensor<Storage>> =
         sets.iter().map(|(p, _)| gpu.upload_u32(&[rows, TOP_K], p).expect("upload picks")).collect();
-    let mut scratch = ExpertsScratch::alloc(gpu, rows, HIDDEN, INTER).expect("scratch");
+    let mut scratch = ExpertsScratch::alloc(
+        gpu,
+        ExpertsDims { rows, k: TOP_K, experts: EXPERTS, hidden: HIDDEN, inter: INTER },
+    )
+    .expect("scratch");
     let mut out = gpu.alloc(DType::F32, &[rows, HIDDEN]).expect("allocate out");
     let mut host_out = gpu.alloc(DType::F32, &[rows, HIDDEN]).expect("allocate out");
     let d = check_experts(&x, &ids[0], &w, experts, &scratch, &out).expect("experts dims");

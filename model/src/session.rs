@@ -23,9 +23,9 @@
 
 use std::time::Instant;
 
-use memwall_runtime::ops::ExpertsDims;
 use memwall_runtime::{
-    Backend, DType, Expert, ExpertsScratch, KvCacheLayer, Recorded, SamplingParams, Storage, Tensor,
+    Backend, DType, Expert, ExpertsDims, ExpertsScratch, KvCacheLayer, Recorded, SamplingParams, Storage,
+    Tensor,
 };
 
 use crate::config::ModelConfig;
@@ -222,7 +222,16 @@ impl<S: Storage> Workspace<S> {
                 set(Buf::RouterLogits, f32s(&[rows, moe.num_experts])?);
                 set(Buf::RouterIds, u32s(&[rows, moe.experts_per_token])?);
                 set(Buf::RouterWeights, f32s(&[rows, moe.experts_per_token])?);
-                experts = Some(ExpertsScratch::alloc(b, rows, h, i)?);
+                experts = Some(ExpertsScratch::alloc(
+                    b,
+                    ExpertsDims {
+                        rows,
+                        k: moe.experts_per_token,
+                        experts: moe.num_experts,
+                        hidden: h,
+                        inter: i,
+                    },
+                )?);
             }
         }
         Ok(Workspace { rows, seqs, all_rows, bufs, experts })

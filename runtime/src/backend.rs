@@ -233,6 +233,14 @@ pub trait Backend: Send + Sync {
         let _ = (d, experts);
         false
     }
+    /// Rows of the per-row buffers (`x`, `gate`, `up`, `act`, `out`) of an [`ExpertsScratch`]
+    /// for steps of at most `d.rows` rows of `d.k` picks among `d.experts`: `d.rows` for the
+    /// host-routed [`experts_composed`] (one expert's rows at a time); a backend whose
+    /// `exec_experts` works on every pick's row at once asks for `d.rows * d.k`, and then uses the
+    /// session's scratch instead of holding its own.
+    fn experts_scratch_rows(&self, d: ExpertsDims) -> Result<usize> {
+        Ok(d.rows)
+    }
 
     // ---- memory (checked) -------------------------------------------------------------------
 
@@ -755,6 +763,9 @@ impl<B: Backend, H: Hook> Backend for Wrapped<B, H> {
     }
     fn experts_on_device(&self, d: ExpertsDims, experts: &[Expert<'_, B::Storage>]) -> bool {
         self.inner.experts_on_device(d, experts)
+    }
+    fn experts_scratch_rows(&self, d: ExpertsDims) -> Result<usize> {
+        self.inner.experts_scratch_rows(d)
     }
 }
 

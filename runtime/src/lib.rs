@@ -16,7 +16,8 @@ pub use backend::{Backend, Hook, NativeE4m3, Recorded, WithNativeE4m3, Wrapped};
 pub use dtype::{DType, F8E4M3Fn, F8E4M3Fnuz, F8E5M2, F8E5M2Fnuz, Float};
 pub use error::{Error, Result};
 pub use ops::{
-    Expert, ExpertsScratch, KvCacheLayer, Linear, Llama3RopeScaling, Rope, SamplingParams, WeightScale,
+    Expert, ExpertsDims, ExpertsScratch, KvCacheLayer, Linear, Llama3RopeScaling, Rope, SamplingParams,
+    WeightScale,
 };
 pub use tensor::{HostStorage, HostTensor, Storage, Tensor};
 

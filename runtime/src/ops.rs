@@ -74,9 +74,12 @@ impl<S> Clone for Expert<'_, S> {
 }
 impl<S> Copy for Expert<'_, S> {}
 
-/// The buffers of the host-routed `experts` ([`crate::backend::experts_composed`]), allocated once for steps of
-/// up to `rows` rows (the session's workspace): the rows one expert runs on, gathered, and its
-/// intermediates. A backend that routes on the device does not touch them.
+/// The buffers of `experts`, allocated once for steps of up to `rows` rows of `k` picks (the
+/// session's workspace). The host-routed form ([`crate::backend::experts_composed`]) gathers one
+/// expert's rows into `x` and keeps its intermediates in `gate`, `up`, `act` and `out`; a backend
+/// that routes on the device uses the same five for every pick's row at once (x's rows in expert
+/// order, the products, each pick's output), so they hold
+/// [`Backend::experts_scratch_rows`](crate::Backend::experts_scratch_rows) rows.
 #[derive(Debug)]
 pub struct ExpertsScratch<S> {
     pub idx: Tensor<S>,
@@ -87,31 +90,42 @@ pub struct ExpertsScratch<S> {
     pub act: Tensor<S>,
     pub out: Tensor<S>,
     pub(crate) zeros: Vec<u8>,
+    rows: usize,
+    k: usize,
 }
 
 impl<S: Storage> ExpertsScratch<S> {
-    /// Scratch for steps of at most `rows` rows of a model of `hidden` / `inter` features.
-    pub fn alloc<B: Backend<Storage = S> + ?Sized>(
-        b: &B,
-        rows: usize,
-        hidden: usize,
-        inter: usize,
-    ) -> Result<Self> {
-        let f32s = |cols: usize| b.alloc(DType::F32, &[rows, cols]);
+    /// Scratch on `b` for steps of at most `d.rows` rows, each picking `d.k` of `d.experts`
+    /// experts of `d.hidden` / `d.inter` features.
+    pub fn alloc<B: Backend<Storage = S> + ?Sized>(b: &B, d: ExpertsDims) -> Result<Self> {
+        let held = b.experts_scratch_rows(d)?.max(d.rows);
+        let f32s = |cols: usize| b.alloc(DType::F32, &[held, cols]);
         Ok(ExpertsScratch {
-            idx: b.alloc(DType::U32, &[rows])?,
-            weights: b.alloc(DType::F32, &[rows])?,
-            x: f32s(hidden)?,
-            gate: f32s(inter)?,
-            up: f32s(inter)?,
-            act: f32s(inter)?,
-            out: f32s(hidden)?,
-            zeros: vec![0u8; rows * hidden * DType::F32.size()],
+            idx: b.alloc(DType::U32, &[d.rows])?,
+            weights: b.alloc(DType::F32, &[d.rows])?,
+            x: f32s(d.hidden)?,
+            gate: f32s(d.inter)?,
+            up: f32s(d.inter)?,
+            act: f32s(d.inter)?,
+            out: f32s(d.hidden)?,
+            zeros: vec![0u8; d.rows * d.hidden * DType::F32.size()],
+            rows: d.rows,
+            k: d.k,
         })
     }
 
     /// The most rows a step may have.
     pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// The most picks per row a step may make.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Rows of the per-row buffers (`x`, `gate`, `up`, `act`, `out`), at least [`Self::rows`].
+    pub fn held_rows(&self) -> usize {
         self.x.max_rows()
     }
 
@@ -801,7 +815,7 @@ pub fn check_scatter_add_rows<S: Storage>(
 /// Mixtral's sparse MLP: `out[r] = sum over s < k of weights[r][s] * expert_e(x[r])`, `e =
 /// ids[r][s]`, each `expert_e` an [`Expert`]; x, out f32 `[rows, hidden]`, ids u32 and weights f32
 /// `[rows, k]`. Every expert has one shape (gate and up `[inter, hidden]` of one dtype, scaled
-/// alike; down `[hidden, inter]`). The scratch holds `rows` rows. Data-dependent (the kernel's):
+/// alike; down `[hidden, inter]`). The scratch holds `rows` rows of `k` picks. Data-dependent (the kernel's):
 /// an id beyond the experts is `IndexOutOfRange`, a row naming one expert twice an `Argument`
 /// error.
 pub fn check_experts<S: Storage>(
@@ -843,12 +857,17 @@ pub fn check_experts<S: Storage>(
     expect_shape(op, "weights", weights.shape(), [Some(rows), Some(k)])?;
     expect_dtype(op, "out", out.dtype(), F32_ONLY)?;
     expect_shape(op, "out", out.shape(), [Some(rows), Some(hidden)])?;
-    if scratch.rows() < rows || scratch.x.shape()[1..] != [hidden] || scratch.gate.shape()[1..] != [inter] {
+    if scratch.rows() < rows
+        || scratch.k() < k
+        || scratch.x.shape()[1..] != [hidden]
+        || scratch.gate.shape()[1..] != [inter]
+    {
         return Err(arg(
             op,
             format!(
-                "scratch of {} rows of {:?} / {:?} features for {rows} rows of {hidden} / {inter}",
+                "scratch of {} rows of {} picks of {:?} / {:?} features for {rows} rows of {k} picks of {hidden} / {inter}",
                 scratch.rows(),
+                scratch.k(),
                 &scratch.x.shape()[1..],
                 &scratch.gate.shape()[1..]
             ),

@@ -184,4 +184,8 @@ impl<D: Device> Backend for Gpu<D> {
     fn experts_on_device(&self, d: ExpertsDims, experts: &[Expert<'_, Self::Storage>]) -> bool {
         ops::experts::on_device::<D>(d, experts, self.device().info())
     }
+
+    fn experts_scratch_rows(&self, d: ExpertsDims) -> Result<usize> {
+        Ok(ops::experts::scratch_rows(d))
+    }
 }

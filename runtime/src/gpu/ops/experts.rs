@@ -28,6 +28,12 @@
 //! not read. More experts, or experts of mixed dtypes or scale layouts, take [`experts_composed`],
 //! routed on the host. Where `Gpu::set_gemm_warpgroup` sends dense GEMMs to wgmma, the experts'
 //! GEMMs stay on mma.sync (no grouped wgmma kernel yet).
+//!
+//! Memory: the sorted rows, the products and each pick's output live in the caller's
+//! [`ExpertsScratch`] (the session's), which a GPU allocates at rows x k rows of each width
+//! ([`scratch_rows`]); only the route's small arrays (a few words per pick) are the launcher's own
+//! scratch. At a 512-row prefill chunk of Mixtral 8x7B (k = 2) that is 1024 x (2 x 4096 + 3 x
+//! 14336) f32, 210 MB, held once.
 
 use super::super::{Device, DeviceInfo, Gpu, GpuStorage, LaunchCfg, dim};
 use super::addr;
@@ -279,6 +285,16 @@ pub(crate) fn on_device<D: Device>(d: ExpertsDims, experts: &[E<'_, D>], info: &
     plan::<D>(d, experts, info).is_ok_and(|p| p.is_some())
 }
 
+/// Rows of an [`ExpertsScratch`]'s per-row buffers for steps of `d` (`Backend::experts_scratch_rows`):
+/// every pick's row (`rows * k`) where the layer can route on the device (at most [`MAX_EXPERTS`]
+/// experts, pairs within 32 bits), else the host-routed form's `rows`.
+pub(crate) fn scratch_rows(d: ExpertsDims) -> usize {
+    match d.rows.checked_mul(d.k) {
+        Some(pairs) if d.experts <= MAX_EXPERTS && u32::try_from(pairs).is_ok() => pairs.max(d.rows),
+        _ => d.rows,
+    }
+}
+
 /// Blocks per expert of a grouped GEMV over `n` output features with at most `active` experts
 /// active: together about one GEMV grid of `n`.
 pub fn blocks_per_expert(n: usize, active: usize, info: &DeviceInfo) -> Result<u32> {
@@ -306,29 +322,40 @@ pub(crate) fn experts<D: Device>(
     let op = "experts";
     let pairs = d.rows * d.k;
     let active_max = d.experts.min(pairs);
-    let f32s = |rows: usize, cols: usize| rows * cols * 4;
+    if scratch.held_rows() < pairs {
+        return Err(crate::Error::Argument {
+            op,
+            msg: format!(
+                "scratch of {} rows for {pairs} picks: allocate it with ExpertsScratch::alloc on this backend",
+                scratch.held_rows()
+            ),
+        });
+    }
     let fused = match plan.products {
         Products::Gemv { fused, .. } => fused,
         Products::Gemm { .. } => None,
     };
-    let unfused = if fused.is_none() { f32s(pairs, d.inter) } else { 0 };
+    // The session's scratch (held_rows >= pairs rows of each width, f32): x's rows in sorted
+    // order, the gate and up products (unfused), their silu product, each sorted pick's output.
+    let (xs, gate, up, act, ys) = (
+        addr::<D>(&scratch.x),
+        addr::<D>(&scratch.gate),
+        addr::<D>(&scratch.up),
+        addr::<D>(&scratch.act),
+        addr::<D>(&scratch.out),
+    );
+    let words = |n: usize| n * 4;
     let sizes = [
-        f32s(pairs, 1),           // 0 order
-        f32s(pairs, 1),           // 1 sorted_w
-        f32s(d.experts + 1, 1),   // 2 offsets
-        f32s(MAX_EXPERTS + 1, 1), // 3 active
-        f32s(pairs, 1),           // 4 row_pos
-        f32s(pairs, d.hidden),    // 5 xs: x's rows in sorted order
-        f32s(pairs, d.inter),     // 6 act
-        f32s(pairs, d.hidden),    // 7 ys: each sorted pair's expert output
-        unfused,                  // 8 gate (unfused)
-        unfused,                  // 9 up (unfused)
+        words(pairs),           // 0 order
+        words(pairs),           // 1 sorted_w
+        words(d.experts + 1),   // 2 offsets
+        words(MAX_EXPERTS + 1), // 3 active
+        words(pairs),           // 4 row_pos
     ];
     let status = g.status_address();
     let (x_addr, out_addr) = (addr::<D>(x), addr::<D>(out));
     g.with_scratch(op, &sizes, |at| {
-        let [order, sorted_w, offsets, active, row_pos, xs, act, ys, gate, up] =
-            [at[0], at[1], at[2], at[3], at[4], at[5], at[6], at[7], at[8], at[9]];
+        let [order, sorted_w, offsets, active, row_pos] = [at[0], at[1], at[2], at[3], at[4]];
         let route = ExpertsRouteParams {
             order,
             sorted_w,
@@ -400,7 +427,7 @@ pub(crate) fn experts<D: Device>(
                 blocks_per_expert: per,
                 mat: m.mat,
             };
-            // SAFETY: x holds pairs x k f32 and y pairs x n f32 (scratch); each expert's weight is
+            // SAFETY: x holds pairs x k f32 and y pairs x n f32 (held_rows); each expert's weight is
             // [n, k] of the kernel's dtype with scales of its scale dtype and block shape (`plan`
             // compared them, `check_experts` checked each; the tensor-core GEMMs only where k is a
             // multiple of a weight word and every weight on a word, `Matrices::gemm_path`); the
@@ -434,7 +461,7 @@ pub(crate) fn experts<D: Device>(
                 let p = super::elementwise::SiluMulParams { out: act, gate, up, n };
                 let blocks = super::elementwise::element_grid(n, 4, info.sm_count);
                 let cfg = LaunchCfg::linear(blocks, super::elementwise::ELEMENT_THREADS, 0);
-                // SAFETY: gate, up and act each hold pairs x inter f32 (scratch).
+                // SAFETY: gate, up and act each hold pairs x inter f32 (held_rows).
                 unsafe { g.launch("silu_mul_f32", cfg, &p)? };
             }
         }
