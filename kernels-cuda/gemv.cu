@@ -447,22 +447,6 @@ MW_DEV void gate_up_silu(const GateUpParams& p) {
 
 // ---- experts: each expert's GEMV on the rows routed to it (experts_route of rows.cu) ----------
 
-// The expert this block serves, its rows and the block's place among the expert's blocks; false
-// for a block past the active experts or an expert without rows.
-struct ExpertBlock {
-    uint32_t expert, first, count, block;
-};
-template <typename Q>
-MW_DEV bool expert_block(const Q& q, ExpertBlock& out) {
-    const uint32_t slot = blockIdx.x / q.blocks_per_expert;
-    if (slot >= q.active[0]) return false;
-    const uint32_t e = q.active[1 + slot];
-    if (e >= q.experts || e >= MW_MAX_EXPERTS) return false;
-    const uint32_t first = q.offsets[e], last = q.offsets[e + 1];
-    out = ExpertBlock{e, first, last - first, blockIdx.x % q.blocks_per_expert};
-    return last > first;
-}
-
 template <typename W, typename Scale, int R>
 MW_DEV void experts_gemv(const ExpertsGemvParams& q) {
     ExpertBlock b;

@@ -10,6 +10,8 @@
 //                              <w> one of bf16, f16, e4m3fn, e4m3fnuz, e5m2, e5m2fnuz; x f32 [m, k]
 //                              (16-bit x widened first by linear_x_f32_<t>); y [m, n] f32, bf16 or
 //                              f16
+// gemv_mfma_experts_<w>[_block_<s>]_r16
+//                              the `experts` op's grouped form, as gemv_tc.cu's gemv_tc_experts_*
 //
 // Why: gemv.cu's 16-row tile is FP32 FMAs, 16 per weight element plus the widening. At an
 // MI300X's 5.3 TB/s, 16 rows of fp8 weights ask for about 85 T FMA/s, beyond its vector units'
@@ -184,18 +186,22 @@ struct LaneSums {
 };
 #endif
 
+// Block (bx, split) of the GEMV q (blockIdx for gemv_mfma_*; the expert's tile for
+// gemv_mfma_experts_*).
 template <typename W, typename Scale>
-MW_DEV void gemv_mfma(const GemvTcParams& q) {
+MW_DEV void gemv_mfma(const GemvTcParams& q, uint32_t bx, uint32_t split) {
 #if defined(MW_MFMA_UNSUPPORTED)
     (void)q;
+    (void)bx;
+    (void)split;
     __trap();  // MFMA targets only: runtime/src/gpu/ops/linear.rs sends gemv_mfma to them alone
 #else
     using T = Traits<W>;
     const LinearParams& p = q.lin;
     MW_SHARED(bf16[2][X_PARTS * R * ROW], xs);
     const int lane = threadIdx.x % WAVE, wave = threadIdx.x / WAVE;
-    const uint64_t j0 = uint64_t(blockIdx.x) * FEATURES + wave * (TILES * MFMA);
-    const uint64_t l_begin = uint64_t(blockIdx.y) * q.split_cols;
+    const uint64_t j0 = uint64_t(bx) * FEATURES + wave * (TILES * MFMA);
+    const uint64_t l_begin = uint64_t(split) * q.split_cols;
     const uint64_t l_end = p.k < l_begin + q.split_cols ? p.k : l_begin + q.split_cols;
     // Columns per k-block: bc, or the whole run for per-channel scales and blocks as wide as k
     // (the launcher makes split_cols a multiple of bc where bc < k, and bc a multiple of 64).
@@ -280,10 +286,23 @@ MW_DEV void gemv_mfma(const GemvTcParams& q) {
 #endif
 }
 
+// The `experts` op's grouped form: each block one tile of FEATURES output features of one active
+// expert, on that expert's rows (linear.cuh's shared_expert_gemv).
+template <typename W, typename Scale>
+MW_DEV void gemv_mfma_experts(const ExpertsGemvParams& e) {
+    MW_SHARED(GemvTcParams, q_smem);
+    uint32_t bx;
+    if (!shared_expert_gemv(e, q_smem, bx)) return;
+    gemv_mfma<W, Scale>(q_smem, bx, 0);
+}
+
 }  // namespace mw_gemv_mfma
 
 #define MW_GEMV_MFMA(wname, W, Scale, sname)                                                         \
     MW_KERNEL_BOUNDS(gemv_mfma_##wname##sname##_r16, GemvTcParams, mw_gemv_mfma::THREADS) {           \
-        mw_gemv_mfma::gemv_mfma<W, Scale>(p);                                                        \
+        mw_gemv_mfma::gemv_mfma<W, Scale>(p, blockIdx.x, blockIdx.y);                                \
+    }                                                                                                \
+    MW_KERNEL_BOUNDS(gemv_mfma_experts_##wname##sname##_r16, ExpertsGemvParams, mw_gemv_mfma::THREADS) { \
+        mw_gemv_mfma::gemv_mfma_experts<W, Scale>(p);                                                \
     }
 MW_LINEAR_FOR_EACH_TC_KERNEL(MW_GEMV_MFMA)

@@ -9,6 +9,14 @@
 //                             accumulated apart and scaled when it ends
 //                             <w> one of bf16, f16, e4m3fn, e4m3fnuz, e5m2, e5m2fnuz; x f32 [m, k]
 //                             (16-bit x widened first by linear_x_f32_<t>); y [m, n] f32, bf16 or f16
+// gemv_tc_experts_<w>[_block_<s>]_r<R>
+//                             the `experts` op's grouped form (ExpertsGemvParams, params/linear.h;
+//                             runtime/src/gpu/ops/experts.rs at 5 to 16 rows where
+//                             Gpu::set_gemv_tensor_core_rows asks): block b of the grid serves the
+//                             active expert of slot b / blocks_per_expert, output features
+//                             [(b % blocks_per_expert) FEATURES, +FEATURES), on the rows the route
+//                             sorted to it (at most R), in one run of k; blocks past the active
+//                             experts return at once. x f32 (the sorted rows), y f32.
 //
 // Why (gemv.cu's header): the SIMT GEMV's 16-row tile reads 4 R bytes of f32 x through L1 per fp8
 // weight byte and issues about 500 instructions per 16-byte word, so it reaches at most a tenth
@@ -56,7 +64,8 @@
 // multiple of 64; n and k below 2^32; mma hardware (sm_80 or newer, or the SIMT emulator at
 // warp 32). Not in the HIP images (mma.sync fragments; build/hip.rs).
 //
-// Launch: grid (ceil(n / FEATURES), splits), THREADS threads, static shared memory only. Taken
+// Launch: grid (ceil(n / FEATURES), splits), THREADS threads, static shared memory only (the
+// grouped form: blocks_per_expert = ceil(n / FEATURES) blocks per expert that can be active). Taken
 // where Gpu::set_gemv_tensor_core_rows asks for it (benches/gpu compares it with gemv.cu's tiles;
 // not yet measured on a GPU).
 #include "linear.cuh"
@@ -197,15 +206,17 @@ struct LaneSums {
     }
 };
 
+// Block (bx, split) of the GEMV q (blockIdx for gemv_tc_*; the expert's tile for
+// gemv_tc_experts_*).
 template <typename W, typename Scale, int R>
-MW_DEV void gemv_tc(const GemvTcParams& q) {
+MW_DEV void gemv_tc(const GemvTcParams& q, uint32_t bx, uint32_t split) {
     using T = Traits<W>;
     constexpr int H = R / 8;
     const LinearParams& p = q.lin;
     MW_SHARED(bf16[2][X_PARTS * R * T::ROW], xs);
     const int lane = threadIdx.x % MW_WARP, warp = threadIdx.x / MW_WARP, g = lane >> 2;
-    const uint64_t j0 = uint64_t(blockIdx.x) * FEATURES + warp * (TILES * 16);
-    const uint64_t l_begin = uint64_t(blockIdx.y) * q.split_cols;
+    const uint64_t j0 = uint64_t(bx) * FEATURES + warp * (TILES * 16);
+    const uint64_t l_begin = uint64_t(split) * q.split_cols;
     const uint64_t l_end = p.k < l_begin + q.split_cols ? p.k : l_begin + q.split_cols;
     // Columns per k-block: bc, or the whole split for per-channel scales and blocks as wide as k
     // (the launcher makes split_cols a multiple of bc where bc < k, and bc a multiple of 64).
@@ -286,19 +297,35 @@ MW_DEV void gemv_tc(const GemvTcParams& q) {
     finish_split_gemv(q, Scale::BLOCKS ? 1.0f : p.scale, LaneSums<H>{p, j0, acc});
 }
 
+// The `experts` op's grouped form: each block one tile of FEATURES output features of one active
+// expert, on that expert's rows (linear.cuh's shared_expert_gemv).
+template <typename W, typename Scale, int R>
+MW_DEV void gemv_tc_experts(const ExpertsGemvParams& e) {
+    MW_SHARED(GemvTcParams, q_smem);
+    uint32_t bx;
+    if (!shared_expert_gemv(e, q_smem, bx)) return;
+    gemv_tc<W, Scale, R>(q_smem, bx, 0);
+}
+
 }  // namespace mw_gemv_tc
 
 // On sm_80 (fp8 decoded in software) ptxas capped the block-scaled 16-row kernels at 168
 // registers (3 blocks per SM) and spilled inside the tile loop; asking for 2 blocks (up to 255
 // registers) keeps them in registers (106 to 245). sm_90a needs no cap (95 to 183, no spills).
+// The grouped gemv_tc_experts_* ask for 2 blocks everywhere: left alone, ptxas capped the fnuz
+// block-scaled 16-row ones at 168 registers on sm_90a and spilled (their plain forms take 182;
+// 2 blocks of 128 threads at up to 255 registers is what 182 gives anyway).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
-#define MW_GEMV_TC_KERNEL(name) MW_KERNEL_OCCUPANCY(name, GemvTcParams, mw_gemv_tc::THREADS, 2)
+#define MW_GEMV_TC_KERNEL(name, Params) MW_KERNEL_OCCUPANCY(name, Params, mw_gemv_tc::THREADS, 2)
 #else
-#define MW_GEMV_TC_KERNEL(name) MW_KERNEL_BOUNDS(name, GemvTcParams, mw_gemv_tc::THREADS)
+#define MW_GEMV_TC_KERNEL(name, Params) MW_KERNEL_BOUNDS(name, Params, mw_gemv_tc::THREADS)
 #endif
 #define MW_GEMV_TC(wname, W, Scale, sname, R)                                                        \
-    MW_GEMV_TC_KERNEL(gemv_tc_##wname##sname##_r##R) {                                               \
-        mw_gemv_tc::gemv_tc<W, Scale, R>(p);                                                         \
+    MW_GEMV_TC_KERNEL(gemv_tc_##wname##sname##_r##R, GemvTcParams) {                                 \
+        mw_gemv_tc::gemv_tc<W, Scale, R>(p, blockIdx.x, blockIdx.y);                                 \
+    }                                                                                                \
+    MW_KERNEL_OCCUPANCY(gemv_tc_experts_##wname##sname##_r##R, ExpertsGemvParams, mw_gemv_tc::THREADS, 2) { \
+        mw_gemv_tc::gemv_tc_experts<W, Scale, R>(p);                                                 \
     }
 #define MW_GEMV_TC_TILES(wname, W, Scale, sname)                                                     \
     MW_GEMV_TC(wname, W, Scale, sname, 8)                                                            \

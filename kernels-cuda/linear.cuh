@@ -425,6 +425,44 @@ MW_DEV LinearParams expert_params(const LinearParams& base, uint32_t first, uint
     return p;
 }
 
+// The block of a grouped GEMV (gemv.cu's experts_*, gemv_tc.cu's gemv_tc_experts, gemv_mfma.cu's
+// gemv_mfma_experts): blockIdx.x / blocks_per_expert is its slot in the route's active list, and
+// blockIdx.x % blocks_per_expert its place among that expert's blocks. False for a block past the
+// active experts or an expert without rows.
+struct ExpertBlock {
+    uint32_t expert, first, count, block;
+};
+template <typename Q>
+MW_DEV bool expert_block(const Q& q, ExpertBlock& out) {
+    const uint32_t slot = blockIdx.x / q.blocks_per_expert;
+    if (slot >= q.active[0]) return false;
+    const uint32_t e = q.active[1 + slot];
+    if (e >= q.experts || e >= MW_MAX_EXPERTS) return false;
+    const uint32_t first = q.offsets[e], last = q.offsets[e + 1];
+    out = ExpertBlock{e, first, last - first, blockIdx.x % q.blocks_per_expert};
+    return last > first;
+}
+
+// The matrix-unit GEMV of a grouped GEMV's block (gemv_tc_experts, gemv_mfma_experts): false as
+// expert_block; else `q_smem`, the block's shared copy (a barrier inside, reached by the whole
+// block or by none of it), holds its expert's GEMV on its rows (at most the kernel's R: an expert
+// has at most one pick per row) in one run of k, and `bx` the block's tile of output features.
+// One run: the experts' blocks fill the device, so no split-K and no partials.
+MW_DEV bool shared_expert_gemv(const ExpertsGemvParams& q, GemvTcParams& q_smem, uint32_t& bx) {
+    ExpertBlock b;
+    if (!expert_block(q, b)) return false;
+    if (threadIdx.x == 0) {
+        q_smem.lin = expert_params(q.base, b.first, b.count, pick_matrix(q.mat, b.expert));
+        q_smem.partials = nullptr;
+        q_smem.arrivals = nullptr;
+        q_smem.split_cols = uint32_t(q.base.k);
+        q_smem.splits = 1;
+    }
+    bx = b.block;
+    __syncthreads();
+    return true;
+}
+
 // The grouped GEMM's row tile (gemm.cu, gemm_tc.cu, gemm_mfma.cu: *_experts): blockIdx.y counts
 // the TILE_M-row tiles of every expert's rows in order of expert (ceil(rows_e / TILE_M) each, none
 // for an expert without rows); false for a block past the last tile. Else `p` is the GEMM of the

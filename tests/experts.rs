@@ -18,7 +18,8 @@
 //!
 //! The GPU backend routes on the device up to 16 experts, at any number of rows: five launches up
 //! to 4 rows, seven above (gate and up apart, then silu_mul; grouped GEMMs above 16 rows), nothing
-//! read back; more experts take the host-routed path, as the CPU backends do; the launch count
+//! read back; with the decode GEMVs on the matrix units (`Gpu::set_gemv_tensor_core_rows`: the
+//! grouped gemv_tc.cu / gemv_mfma.cu kernels, held to the GEMMs' bound) seven at every row count; more experts take the host-routed path, as the CPU backends do; the launch count
 //! shows which ran. Every weight dtype and scale kind (none, per tensor, per channel f32, 8 x 16
 //! blocks of bf16), rows in {1, 3, 4, 5, 16, 17, 40, 150} (150 rows of top 2 among 4 experts put
 //! more than one 64-row tile in each expert), hidden and inter sizes off the 16-byte words (17, 20,
@@ -40,11 +41,12 @@ enum Scale {
     None,
     PerTensor,
     PerChannel,
-    Block,
+    /// bf16 scales of blocks of (rows, columns).
+    Block(usize, usize),
 }
 
-/// Blocks of the block-scaled weights.
-const BLOCK: (usize, usize) = (8, 16);
+/// Blocks of the block-scaled weights (off the matrix-unit GEMV's 64-column steps).
+const BLOCK: Scale = Scale::Block(8, 16);
 
 /// A weight's stored values and scales, from which its real values follow.
 struct HostWeight {
@@ -62,7 +64,7 @@ impl HostWeight {
             Scale::None => Vec::new(),
             Scale::PerTensor => vec![random_positive(rng, DType::F32, 1)[0] * 4.0],
             Scale::PerChannel => random_positive(rng, DType::F32, n),
-            Scale::Block => random_positive(rng, DType::BF16, n.div_ceil(BLOCK.0) * k.div_ceil(BLOCK.1)),
+            Scale::Block(br, bc) => random_positive(rng, DType::BF16, n.div_ceil(br) * k.div_ceil(bc)),
         };
         HostWeight { dtype, shape: [n, k], values, kind, scales }
     }
@@ -75,7 +77,7 @@ impl HostWeight {
             Scale::None => 1.0,
             Scale::PerTensor => f64::from(self.scales[0]),
             Scale::PerChannel => f64::from(self.scales[j]),
-            Scale::Block => f64::from(self.scales[(j / BLOCK.0) * k.div_ceil(BLOCK.1) + l / BLOCK.1]),
+            Scale::Block(br, bc) => f64::from(self.scales[(j / br) * k.div_ceil(bc) + l / bc]),
         }
     }
 
@@ -85,10 +87,10 @@ impl HostWeight {
             Scale::None => WeightScale::None,
             Scale::PerTensor => WeightScale::PerTensor(self.scales[0]),
             Scale::PerChannel => WeightScale::PerChannel(upload(b, DType::F32, &[n], &self.scales)),
-            Scale::Block => WeightScale::Block {
-                block_rows: BLOCK.0,
-                block_cols: BLOCK.1,
-                scales: upload(b, DType::BF16, &[n.div_ceil(BLOCK.0), k.div_ceil(BLOCK.1)], &self.scales),
+            Scale::Block(br, bc) => WeightScale::Block {
+                block_rows: br,
+                block_cols: bc,
+                scales: upload(b, DType::BF16, &[n.div_ceil(br), k.div_ceil(bc)], &self.scales),
             },
         };
         Linear { weight: upload(b, self.dtype, &self.shape, &self.values), scale }
@@ -279,9 +281,7 @@ fn cases() -> Vec<Case> {
     let mut v = Vec::new();
     let mut seed = 7u64;
     for (d, &dtype) in DType::FLOATS.iter().enumerate() {
-        for (s, scale) in
-            [Scale::None, Scale::PerTensor, Scale::PerChannel, Scale::Block].into_iter().enumerate()
-        {
+        for (s, scale) in [Scale::None, Scale::PerTensor, Scale::PerChannel, BLOCK].into_iter().enumerate() {
             for pick in [d + s, d + s + 3] {
                 let (rows, k, experts, hidden, inter) = shapes[pick % shapes.len()];
                 seed += 1;
@@ -334,6 +334,43 @@ fn check_gpu<D: memwall_runtime::gpu::Device>(b: &memwall_runtime::gpu::Gpu<D>, 
     for rows in [3, 40] {
         check_scratch(b, who, rows);
     }
+    check_matrix_gemv(b, who);
+}
+
+/// Decode rows on the matrix units (`Gpu::set_gemv_tensor_core_rows`): the grouped
+/// gemv_tc.cu / gemv_mfma.cu kernels for gate, up and down (seven launches at any row count,
+/// where gemv.cu's fused gate/up makes five up to 4 rows), within the matrix units' bound (the
+/// GEMMs': the same bf16 parts and f32 sums); f32 weights, which they do not take, stay on gemv.cu.
+/// Every weight dtype and scale kind (blocks of 4 x 64: whole 64-column steps), 1 to 16 rows (both
+/// row tiles and rows short of them), hidden and inter on 64-column steps.
+#[cfg(any(feature = "emulate", feature = "cuda", feature = "hip"))]
+fn check_matrix_gemv<D: memwall_runtime::gpu::Device>(b: &memwall_runtime::gpu::Gpu<D>, who: &str) {
+    use memwall_runtime::gpu::ops::linear::GemvMatrix;
+    b.set_gemv_tensor_core_rows(Some(1)).expect("every decode GEMV on the matrix units");
+    let units = GemvMatrix::of(b.device().info()).is_some();
+    let shapes =
+        [(1, 2, 8, 64, 128), (3, 2, 4, 128, 64), (5, 2, 8, 64, 64), (9, 2, 8, 128, 64), (16, 2, 4, 64, 128)];
+    let (mut matrix_cases, mut seed) = (0, 0x3e11u64);
+    for (d, &dtype) in DType::FLOATS.iter().enumerate() {
+        for (s, scale) in
+            [Scale::None, Scale::PerTensor, Scale::PerChannel, Scale::Block(4, 64)].into_iter().enumerate()
+        {
+            let (rows, k, experts, hidden, inter) = shapes[(d + s) % shapes.len()];
+            seed += 1;
+            let c = Case { rows, k, experts, hidden, inter, dtype, scale, seed };
+            let matrix = units && dtype != DType::F32;
+            matrix_cases += usize::from(matrix);
+            let before = b.launches();
+            check(b, who, &c, matrix);
+            let launched = b.launches() - before;
+            let want = if matrix || rows > 4 { 7 } else { 5 };
+            assert_eq!(launched, want, "{who} {c:?}: launches (matrix units: {matrix})");
+        }
+    }
+    if units {
+        assert!(matrix_cases >= 20, "{who}: {matrix_cases} cases on the matrix units");
+    }
+    b.set_gemv_tensor_core_rows(None).expect("back to gemv.cu");
 }
 
 /// The device-routed path works in the caller's scratch, which holds every pick's row on a GPU

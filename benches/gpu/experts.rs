@@ -9,8 +9,10 @@
 //! distinct picked experts' weights and scales plus x and out, averaged over the rotation: one
 //! picked expert's weights alone (352 MB in bf16) are several times the L2, so no call finds the
 //! last one's in cache. The prefill line is compute-bound and reports TFLOP/s of the products'
-//! 2 x 3 x pairs x 4096 x 14336 instead. Before timing, the device-routed output is checked against
-//! the host-routed one (tests/experts.rs holds both to an f64 reference with derived bounds).
+//! 2 x 3 x pairs x 4096 x 14336 instead. Each decode line ends with the same calls on the tensor
+//! cores (`Gpu::set_gemv_tensor_core_rows(Some(1))`: gemv_tc.cu's grouped kernels for gate, up
+//! and down). Before timing, each device-routed output is checked against the host-routed one
+//! (tests/experts.rs holds them to an f64 reference with derived bounds).
 
 use memwall::runtime::backend::experts_composed;
 use memwall::runtime::cost::{ScaleLayout, linear_traffic};
@@ -159,12 +161,25 @@ fn line(
     let bytes = sets.iter().map(|(_, distinct)| *distinct as u64 * expert_bytes).sum::<u64>() as f64
         / sets.len() as f64
         + (2 * rows * HIDDEN * 4) as f64;
+    // The same calls with the GEMVs on the tensor cores (gemv_tc.cu's grouped kernels,
+    // `Gpu::set_gemv_tensor_core_rows`), checked against the host-routed output first.
+    gpu.set_gemv_tensor_core_rows(Some(1)).expect("GEMVs on the tensor cores");
+    super::poison(gpu, &mut out);
+    gpu.experts(&x, &ids[0], &w, experts, &mut scratch, &mut out).expect("experts on the tensor cores");
+    for (i, (&g, &v)) in super::read_f32(gpu, &out).iter().zip(&want).enumerate() {
+        let bound = 1e-3 * (f64::from(v.abs()) + 1e-3 * scale);
+        super::expect_close(&format!("{what} tensor cores element {i}"), g, f64::from(v), bound);
+    }
+    let tc = best_rotation(gpu, ids.len(), |i| gpu.experts(&x, &ids[i], &w, experts, &mut scratch, &mut out));
+    gpu.set_gemv_tensor_core_rows(None).expect("back to gemv.cu");
     let gbs = bytes / device / 1e9;
     format!(
-        "{:<44} {gbs:>7.1} GB/s = {:>5.1}% of measured copy peak; {:.2}x host-routed ({:.1} GB/s)",
+        "{:<44} {gbs:>7.1} GB/s = {:>5.1}% of measured copy peak; {:.2}x host-routed ({:.1} GB/s); tensor-core GEMVs {:.1} GB/s = {:.1}%",
         format!("{what}:"),
         100.0 * gbs / ctx.peak_gb_s,
         host / device,
-        bytes / host / 1e9
+        bytes / host / 1e9,
+        bytes / tc / 1e9,
+        100.0 * bytes / tc / 1e9 / ctx.peak_gb_s
     )
 }

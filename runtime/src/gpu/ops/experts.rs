@@ -9,15 +9,20 @@
 //! 3. Gate and up, each active expert's on its rows. Up to 4 rows, `experts_gate_up_<w>[_block_<s>]_r<R>`
 //!    (gemv.cu, R = 1 or 4): the fused gate/up GEMV. At 5 to 16 rows `experts_gemv_..._r16` for
 //!    gate and for up, then `silu_mul_f32` (as `gate_up_silu` composes above its fused tiles).
+//!    Where `Gpu::set_gemv_tensor_core_rows` sends this many rows to the matrix units and every
+//!    matrix fits them ([`gemv_tc_applies`]), `gemv_tc_experts_*_r<R>` (gemv_tc.cu, R = 8 or 16)
+//!    or `gemv_mfma_experts_*_r16` (gemv_mfma.cu) for gate and for up, then `silu_mul_f32`: one
+//!    block per 128 output features of each expert that can be active, one run of k.
 //!    Above 16 rows (prefill) the grouped GEMM of the path `linear` would take for one expert
 //!    ([`gemm_path`]: `gemm_tc_experts_*` of gemm_tc.cu on mma.sync, `gemm_mfma_experts_*` of
 //!    gemm_mfma.cu on AMD's MFMA, `gemm_experts_*` of gemm.cu otherwise) for gate and for up, then
 //!    `silu_mul_f32`.
-//! 4. The down projection likewise: `experts_gemv_<w>[_block_<s>]_r<R>` or the grouped GEMM.
+//! 4. The down projection likewise: `experts_gemv_<w>[_block_<s>]_r<R>`, the matrix units'
+//!    grouped GEMV or the grouped GEMM.
 //! 5. `experts_combine_f32`: each row's expert outputs times their weights, added in order of
 //!    expert from zero, one fma each: scatter_add_rows' order and rounding into a zeroed out.
 //!
-//! Five launches up to 4 rows, seven above. The GEMV grids hold `blocks_per_expert` blocks for each
+//! Five launches up to 4 rows (seven on the matrix units), seven above. The GEMV grids hold `blocks_per_expert` blocks for each
 //! expert that can be active (at most rows x k of them), sized so the active experts' blocks fill
 //! the device as one GEMV's would; blocks past the experts the route found return at once. The
 //! grouped GEMM's grid holds the row tiles of every split of the sorted rows among the experts
@@ -39,7 +44,8 @@ use super::super::{Device, DeviceInfo, Gpu, GpuStorage, LaunchCfg, dim};
 use super::addr;
 use super::gemm::{GemmPath, experts_gemm_launch, gemm_path};
 use super::linear::{
-    GATE_UP_ROW_TILES, GEMV_ROW_TILES, LinearParams, gemv_launch, kernel_name, row_tile, weight_params,
+    GATE_UP_ROW_TILES, GEMV_ROW_TILES, GEMV_TC_FEATURES, GemvMatrix, LinearParams, gemv_launch,
+    gemv_tc_applies, kernel_name, row_tile, weight_params,
 };
 use super::rows::{GatherRowsParams, gather_launch};
 use crate::backend::experts_composed;
@@ -148,6 +154,10 @@ pub fn kernel_names() -> Vec<&'static str> {
             if w != DType::F32 {
                 names.extend(kernel_name("gemm_tc_experts", w, s, None));
                 names.extend(kernel_name("gemm_mfma_experts", w, s, None));
+                for kernel in [GemvMatrix::TensorCore, GemvMatrix::MatrixCore] {
+                    let tiles = kernel.row_tiles().iter();
+                    names.extend(tiles.filter_map(|&r| kernel_name(matrix_family(kernel), w, s, Some(r))));
+                }
             }
         }
     }
@@ -215,6 +225,11 @@ enum Products {
     Gemv { rows: usize, fused: Option<usize> },
     /// More rows: the grouped GEMMs of these paths for gate and up, and for down.
     Gemm { up: GemmPath, down: GemmPath },
+    /// Where [`Gpu::set_gemv_tensor_core_rows`](super::super::Gpu::set_gemv_tensor_core_rows)
+    /// sends this many rows to the matrix units and every product can take them
+    /// ([`gemv_tc_applies`]): `<family>_experts_*` of gemv_tc.cu or gemv_mfma.cu at row tile
+    /// `rows` for gate, up and down (silu_mul between).
+    GemvMatrix { kernel: GemvMatrix, rows: usize },
 }
 
 /// The three matrix kinds of a device-routed `experts` at `d`, or None where it takes the host.
@@ -232,7 +247,16 @@ impl Plan {
         match self.products {
             Products::Gemv { rows, .. } => m.kernel("experts_gemv", Some(rows)),
             Products::Gemm { up, down: path } => m.kernel(gemm_family(if down { path } else { up }), None),
+            Products::GemvMatrix { kernel, rows } => m.kernel(matrix_family(kernel), Some(rows)),
         }
+    }
+}
+
+/// The grouped matrix-unit GEMV kernel family of a [`GemvMatrix`].
+fn matrix_family(kernel: GemvMatrix) -> &'static str {
+    match kernel {
+        GemvMatrix::TensorCore => "gemv_tc_experts",
+        GemvMatrix::MatrixCore => "gemv_mfma_experts",
     }
 }
 
@@ -245,7 +269,14 @@ fn gemm_family(path: GemmPath) -> &'static str {
     }
 }
 
-fn plan<D: Device>(d: ExpertsDims, experts: &[E<'_, D>], info: &DeviceInfo) -> Result<Option<Plan>> {
+/// The device-routed plan of `d` on `info` (None: the host-routed path), with `tc_rows` the
+/// fewest rows sent to the matrix units ([`Gpu::gemv_tensor_core_rows`](super::super::Gpu::gemv_tensor_core_rows)).
+fn plan<D: Device>(
+    d: ExpertsDims,
+    experts: &[E<'_, D>],
+    info: &DeviceInfo,
+    tc_rows: Option<usize>,
+) -> Result<Option<Plan>> {
     if d.experts > MAX_EXPERTS || u32::try_from(d.rows * d.k).is_err() {
         return Ok(None);
     }
@@ -261,8 +292,19 @@ fn plan<D: Device>(d: ExpertsDims, experts: &[E<'_, D>], info: &DeviceInfo) -> R
     if (up.dtype, up.scale_dtype, up.block) != (gate.dtype, gate.scale_dtype, gate.block) {
         return Ok(None);
     }
+    let matrix = |kernel: GemvMatrix| -> Option<Products> {
+        let applies = |m: &Matrices, dims: LinearDims| {
+            let blocks = m.scale_dtype.map(|_| (m.block.0 as usize, m.block.1 as usize));
+            m.aligned && gemv_tc_applies(dims, m.dtype, blocks, info)
+        };
+        let all = applies(&gate, up_dims) && applies(&up, up_dims) && applies(&down, down_dims);
+        let rows = row_tile(kernel.row_tiles(), d.rows)?;
+        (tc_rows.is_some_and(|r| d.rows >= r) && all).then_some(Products::GemvMatrix { kernel, rows })
+    };
     let products = match row_tile(&GEMV_ROW_TILES, d.rows) {
-        Some(rows) => Products::Gemv { rows, fused: row_tile(&GATE_UP_ROW_TILES, d.rows) },
+        Some(rows) => GemvMatrix::of(info)
+            .and_then(matrix)
+            .unwrap_or(Products::Gemv { rows, fused: row_tile(&GATE_UP_ROW_TILES, d.rows) }),
         None => {
             let up_path = match (gate.gemm_path(up_dims, info), up.gemm_path(up_dims, info)) {
                 (a, b) if a == b => a,
@@ -281,8 +323,10 @@ fn plan<D: Device>(d: ExpertsDims, experts: &[E<'_, D>], info: &DeviceInfo) -> R
 }
 
 /// Whether [`experts`] routes `d` on the device (else it takes [`experts_composed`]).
+/// The same whichever GEMV the matrix-unit setting picks: every dtype the matrix-unit kernels
+/// take, gemv.cu's take too.
 pub(crate) fn on_device<D: Device>(d: ExpertsDims, experts: &[E<'_, D>], info: &DeviceInfo) -> bool {
-    plan::<D>(d, experts, info).is_ok_and(|p| p.is_some())
+    plan::<D>(d, experts, info, None).is_ok_and(|p| p.is_some())
 }
 
 /// Rows of an [`ExpertsScratch`]'s per-row buffers for steps of `d` (`Backend::experts_scratch_rows`):
@@ -293,6 +337,28 @@ pub(crate) fn scratch_rows(d: ExpertsDims) -> usize {
         Some(pairs) if d.experts <= MAX_EXPERTS && u32::try_from(pairs).is_ok() => pairs.max(d.rows),
         _ => d.rows,
     }
+}
+
+/// The grouped matrix-unit GEMV's launch over `n` output features with at most `active` experts
+/// active: `(cfg, blocks_per_expert)`, one block per `GEMV_TC_FEATURES` features of each (the
+/// experts' blocks fill the device, so k is not split).
+pub fn matrix_gemv_launch(
+    kernel: GemvMatrix,
+    n: usize,
+    active: usize,
+    info: &DeviceInfo,
+) -> Result<(LaunchCfg, u32)> {
+    let op = "experts";
+    let per = n.div_ceil(GEMV_TC_FEATURES).max(1);
+    let blocks = per.checked_mul(active.max(1)).filter(|&b| b <= info.max_grid[0] as usize);
+    let blocks = blocks.ok_or_else(|| crate::Error::Argument {
+        op,
+        msg: format!("{per} x {active} matrix-unit GEMV blocks beyond the grid's {}", info.max_grid[0]),
+    })?;
+    Ok((
+        LaunchCfg::linear(dim(op, "blocks", blocks)?, kernel.threads(), 0),
+        dim(op, "blocks per expert", per)?,
+    ))
 }
 
 /// Blocks per expert of a grouped GEMV over `n` output features with at most `active` experts
@@ -316,7 +382,7 @@ pub(crate) fn experts<D: Device>(
     out: &mut T<D>,
 ) -> Result<()> {
     let info = g.device().info();
-    let Some(plan) = plan::<D>(d, experts, info)? else {
+    let Some(plan) = plan::<D>(d, experts, info, g.gemv_tensor_core_rows())? else {
         return experts_composed(g, d, x, ids, weights, experts, scratch, out);
     };
     let op = "experts";
@@ -333,7 +399,7 @@ pub(crate) fn experts<D: Device>(
     }
     let fused = match plan.products {
         Products::Gemv { fused, .. } => fused,
-        Products::Gemm { .. } => None,
+        Products::Gemm { .. } | Products::GemvMatrix { .. } => None,
     };
     // The session's scratch (held_rows >= pairs rows of each width, f32): x's rows in sorted
     // order, the gate and up products (unfused), their silu product, each sorted pick's output.
@@ -388,8 +454,8 @@ pub(crate) fn experts<D: Device>(
         // writes each pair's row); xs holds pairs x hidden f32.
         unsafe { g.launch("gather_rows_f32", gather_launch(pairs, d.hidden, 4, info)?, &gather)? };
 
-        let grouped = |y: u64, x: u64, n: usize, k: usize, m: &Matrices| -> Result<(LinearParams, u32)> {
-            let base = LinearParams {
+        let grouped = |y: u64, x: u64, n: usize, k: usize, m: &Matrices| -> LinearParams {
+            LinearParams {
                 y,
                 x,
                 weight: 0,
@@ -401,8 +467,7 @@ pub(crate) fn experts<D: Device>(
                 block_cols: m.block.1,
                 scale: 1.0,
                 y_dtype: 0,
-            };
-            Ok((base, blocks_per_expert(n, active_max, info)?))
+            }
         };
         let threads = gemv_launch(1, info)?.block[0];
         let grid = |per: u32| -> Result<LaunchCfg> {
@@ -412,15 +477,18 @@ pub(crate) fn experts<D: Device>(
         // (pairs x k f32) into y (pairs x n f32): a grouped GEMV or GEMM as the plan says.
         let product = |y: u64, x: u64, n: usize, k: usize, m: &Matrices, down: bool| -> Result<()> {
             let name = plan.kernel(m, down).ok_or_else(|| super::unsupported(op, g.name()))?;
-            let (base, per) = grouped(y, x, n, k, m)?;
-            let cfg = match plan.products {
-                Products::Gemv { .. } => grid(per)?,
-                Products::Gemm { up, down: down_path } => {
-                    experts_gemm_launch(if down { down_path } else { up }, pairs, active_max, n, info)?
+            let (cfg, per) = match plan.products {
+                Products::Gemv { .. } => {
+                    let per = blocks_per_expert(n, active_max, info)?;
+                    (grid(per)?, per)
                 }
+                Products::Gemm { up, down: down_path } => {
+                    (experts_gemm_launch(if down { down_path } else { up }, pairs, active_max, n, info)?, 1)
+                }
+                Products::GemvMatrix { kernel, .. } => matrix_gemv_launch(kernel, n, active_max, info)?,
             };
             let p = ExpertsGemvParams {
-                base,
+                base: grouped(y, x, n, k, m),
                 offsets,
                 active,
                 experts: d.experts as u32,
@@ -429,17 +497,19 @@ pub(crate) fn experts<D: Device>(
             };
             // SAFETY: x holds pairs x k f32 and y pairs x n f32 (held_rows); each expert's weight is
             // [n, k] of the kernel's dtype with scales of its scale dtype and block shape (`plan`
-            // compared them, `check_experts` checked each; the tensor-core GEMMs only where k is a
-            // multiple of a weight word and every weight on a word, `Matrices::gemm_path`); the
-            // route's offsets split the pairs among the experts, and each block bounds its rows by
-            // them (and by R for a GEMV), its outputs by n and its reads by k.
+            // compared them, `check_experts` checked each; the tensor-core GEMMs and GEMVs only
+            // where k is a multiple of a weight word and every weight on a word,
+            // `Matrices::gemm_path`, `gemv_tc_applies`, so each expert's first row of x, at
+            // first x k f32, is on a word too); the route's offsets split the pairs among the
+            // experts, and each block bounds its rows by them (and by R for a GEMV: more only
+            // where a bad pick was reported), its outputs by n and its reads by k.
             unsafe { g.launch(name, cfg, &p) }
         };
         match fused {
             Some(r) => {
-                let (base, per) = grouped(act, xs, d.inter, d.hidden, &plan.gate)?;
+                let per = blocks_per_expert(d.inter, active_max, info)?;
                 let p = ExpertsGateUpParams {
-                    base,
+                    base: grouped(act, xs, d.inter, d.hidden, &plan.gate),
                     offsets,
                     active,
                     experts: d.experts as u32,
