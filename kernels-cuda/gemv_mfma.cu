@@ -287,13 +287,13 @@ MW_DEV void gemv_mfma(const GemvTcParams& q, uint32_t bx, uint32_t split) {
 }
 
 // The `experts` op's grouped form: each block one tile of FEATURES output features of one active
-// expert, on that expert's rows (linear.cuh's shared_expert_gemv).
+// expert, on that expert's rows (linear.cuh's expert_gemv; the params in registers, so the
+// weights' pointers stay global).
 template <typename W, typename Scale>
 MW_DEV void gemv_mfma_experts(const ExpertsGemvParams& e) {
-    MW_SHARED(GemvTcParams, q_smem);
-    uint32_t bx;
-    if (!shared_expert_gemv(e, q_smem, bx)) return;
-    gemv_mfma<W, Scale>(q_smem, bx, 0);
+    ExpertBlock b;
+    if (!expert_block(e, b)) return;
+    gemv_mfma<W, Scale>(expert_gemv(e, b), b.block, 0);
 }
 
 }  // namespace mw_gemv_mfma

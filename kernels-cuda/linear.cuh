@@ -443,21 +443,30 @@ MW_DEV bool expert_block(const Q& q, ExpertBlock& out) {
     return last > first;
 }
 
-// The matrix-unit GEMV of a grouped GEMV's block (gemv_tc_experts, gemv_mfma_experts): false as
-// expert_block; else `q_smem`, the block's shared copy (a barrier inside, reached by the whole
-// block or by none of it), holds its expert's GEMV on its rows (at most the kernel's R: an expert
-// has at most one pick per row) in one run of k, and `bx` the block's tile of output features.
-// One run: the experts' blocks fill the device, so no split-K and no partials.
+// The matrix-unit GEMV of a grouped GEMV's block `b` (gemv_tc_experts, gemv_mfma_experts; from
+// expert_block): its expert's GEMV on its rows (at most the kernel's R: an expert has at most one
+// pick per row) in one run of k, the block's tile of output features b.block. One run: the
+// experts' blocks fill the device, so no split-K and no partials.
+MW_DEV GemvTcParams expert_gemv(const ExpertsGemvParams& q, const ExpertBlock& b) {
+    GemvTcParams out;
+    out.lin = expert_params(q.base, b.first, b.count, pick_matrix(q.mat, b.expert));
+    out.partials = nullptr;
+    out.arrivals = nullptr;
+    out.split_cols = uint32_t(q.base.k);
+    out.splits = 1;
+    return out;
+}
+
+// expert_gemv written to `q_smem`, the block's shared copy, for gemv_tc_experts (false as
+// expert_block; a barrier inside, reached by the whole block or by none of it): held in registers
+// beside the 16-row tile's accumulators, the params made ptxas spill. gemv_mfma_experts keeps them
+// in registers, of which CDNA has more, computed after the early return: read back from LDS, or
+// merged with the return path, the pointers lose their global address space and every weight load
+// becomes a flat one.
 MW_DEV bool shared_expert_gemv(const ExpertsGemvParams& q, GemvTcParams& q_smem, uint32_t& bx) {
     ExpertBlock b;
     if (!expert_block(q, b)) return false;
-    if (threadIdx.x == 0) {
-        q_smem.lin = expert_params(q.base, b.first, b.count, pick_matrix(q.mat, b.expert));
-        q_smem.partials = nullptr;
-        q_smem.arrivals = nullptr;
-        q_smem.split_cols = uint32_t(q.base.k);
-        q_smem.splits = 1;
-    }
+    if (threadIdx.x == 0) q_smem = expert_gemv(q, b);
     bx = b.block;
     __syncthreads();
     return true;

@@ -245,7 +245,8 @@ fn ocp_fp8_gemv_uses_the_hardware_conversion() {
             }
         }
         if number >= 89 {
-            // Each family's row tiles, 3 scale kinds (none, f32 and bf16 blocks), 2 formats.
+            // Each family's row tiles, 3 scale kinds (none, f32 and bf16 blocks), 2 formats;
+            // gemv_tc.cu's twice (gemv_tc_* and the experts' grouped gemv_tc_experts_*).
             use ops::linear::{
                 GATE_UP_ROW_TILES, GEMV_J4_ROW_TILES, GEMV_ROW_TILES, GEMV_TC_ROW_TILES, QKV_ROW_TILES,
             };
@@ -253,7 +254,7 @@ fn ocp_fp8_gemv_uses_the_hardware_conversion() {
                 + GATE_UP_ROW_TILES.len()
                 + QKV_ROW_TILES.len()
                 + GEMV_J4_ROW_TILES.len()
-                + GEMV_TC_ROW_TILES.len();
+                + 2 * GEMV_TC_ROW_TILES.len();
             assert_eq!(gemv_kernels, 2 * 3 * tiles, "{target}: OCP fp8 GEMV kernels");
         }
     }

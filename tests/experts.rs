@@ -238,18 +238,14 @@ fn check<B: Backend>(b: &B, who: &str, c: &Case, gemm: bool) {
     assert_close(&name, &read_f32(b, &t.out), &want, &bound);
 }
 
+/// A small bf16 case of `rows` rows, top 2 of 4 experts, for the error checks.
+fn small_case(rows: usize, scale: Scale, seed: u64) -> Case {
+    Case { rows, k: 2, experts: 4, hidden: 32, inter: 24, dtype: DType::BF16, scale, seed }
+}
+
 /// A pick beyond the experts and a repeated pick: typed errors, on `b`.
 fn check_errors<B: Backend>(b: &B, who: &str, rows: usize) {
-    let c = Case {
-        rows,
-        k: 2,
-        experts: 4,
-        hidden: 32,
-        inter: 24,
-        dtype: DType::BF16,
-        scale: Scale::None,
-        seed: 99,
-    };
+    let c = small_case(rows, Scale::None, 99);
     let inp = inputs(&c);
     let mut beyond = inp.ids.clone();
     beyond[2 * rows - 1] = 4;
@@ -378,16 +374,7 @@ fn check_matrix_gemv<D: memwall_runtime::gpu::Device>(b: &memwall_runtime::gpu::
 /// `rows` rows) is a typed error before anything runs, not a write past its end.
 #[cfg(any(feature = "emulate", feature = "cuda", feature = "hip"))]
 fn check_scratch<D: memwall_runtime::gpu::Device>(b: &memwall_runtime::gpu::Gpu<D>, who: &str, rows: usize) {
-    let c = Case {
-        rows,
-        k: 2,
-        experts: 4,
-        hidden: 32,
-        inter: 24,
-        dtype: DType::BF16,
-        scale: Scale::PerChannel,
-        seed: 41,
-    };
+    let c = small_case(rows, Scale::PerChannel, 41);
     let inp = inputs(&c);
     let mut t = on_backend(b, &c, &inp, &inp.ids);
     assert_eq!(t.scratch.held_rows(), rows * 2, "{who}: a device-routed scratch holds every pick");

@@ -326,7 +326,7 @@ fn gemv_weight_loads_are_128_bit() {
 const MFMA_FILES: [&str; 2] = ["gemm_mfma.cu", "gemv_mfma.cu"];
 
 /// gemm_mfma.cu and gemv_mfma.cu on every target: the 18 kernels of each family (6 weight dtypes x
-/// {plain, block f32, block bf16}; gemm_mfma.cu has two, the GEMM and the experts' grouped GEMM)
+/// {plain, block f32, block bf16}; each file has two, its op and the experts' grouped form)
 /// run their products on the matrix cores,
 /// `v_mfma_f32_16x16x16_bf16` (gfx94x's spelling) or `v_mfma_f32_16x16x16bf16_1k` (gfx90a's), 48 per
 /// k tile or 96 for f16 weights (`MFMA_FILES`), and no other MFMA; no other file uses the matrix
@@ -351,7 +351,7 @@ fn mfma_kernels_run_on_the_matrix_cores() {
                 assert!(mfma.is_empty(), "{name} ({target}) of {} uses {mfma:?}", image.name);
                 continue;
             }
-            let f16 = ["gemm_mfma_f16", "gemm_mfma_experts_f16", "gemv_mfma_f16"]
+            let f16 = ["gemm_mfma_f16", "gemm_mfma_experts_f16", "gemv_mfma_f16", "gemv_mfma_experts_f16"]
                 .iter()
                 .any(|p| name.starts_with(p));
             let want = if f16 { 96 } else { 48 };
@@ -362,7 +362,8 @@ fn mfma_kernels_run_on_the_matrix_cores() {
             );
             if image.name == "gemv_mfma.cu" {
                 let count = |op: &str| ops.iter().filter(|o| **o == op).count();
-                let weight = name["gemv_mfma_".len()..].split('_').next().unwrap();
+                let weight =
+                    name["gemv_mfma_".len()..].trim_start_matches("experts_").split('_').next().unwrap();
                 let steps = if matches!(weight, "f16" | "bf16") { 4 } else { 2 };
                 assert_eq!(count("global_load_dwordx4"), 2 * (2 + 2 * steps), "{name} ({target})");
                 assert_eq!(count("ds_read_b128"), 12, "{name} ({target})");
@@ -371,9 +372,9 @@ fn mfma_kernels_run_on_the_matrix_cores() {
             kernels += 1;
         }
         if MFMA_FILES.contains(&image.name) {
-            // gemm_mfma.cu: gemm_mfma_* and the experts' grouped gemm_mfma_experts_*.
-            let families = if image.name == "gemm_mfma.cu" { 2 } else { 1 };
-            assert_eq!(kernels, families * 6 * 3, "{} kernels disassembled for {target}", image.name);
+            // Each file's kernels and the experts' grouped form (gemm_mfma_experts_*,
+            // gemv_mfma_experts_*).
+            assert_eq!(kernels, 2 * 6 * 3, "{} kernels disassembled for {target}", image.name);
             files += 1;
         }
     }
