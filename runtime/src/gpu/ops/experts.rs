@@ -205,11 +205,21 @@ impl Matrices {
         kernel_name(family, self.dtype, self.scale_dtype, rows)
     }
 
+    /// `(block_rows, block_cols)` of the block or per-channel scales; None for none or per tensor.
+    fn blocks(&self) -> Option<(usize, usize)> {
+        self.scale_dtype.map(|_| (self.block.0 as usize, self.block.1 as usize))
+    }
+
+    /// Whether the matrix units' grouped GEMV takes these matrices at `d`: `gemv_tc_applies`, with
+    /// every weight on a 16-byte word.
+    fn matrix_gemv_applies(&self, d: LinearDims, info: &DeviceInfo) -> bool {
+        self.aligned && gemv_tc_applies(d, self.dtype, self.blocks(), info)
+    }
+
     /// The grouped GEMM's path at `d` on `info`: `linear`'s for one expert's matrix, but the
     /// CUDA-core GEMM where a weight is not on a 16-byte word.
     fn gemm_path(&self, d: LinearDims, info: &DeviceInfo) -> GemmPath {
-        let blocks = self.scale_dtype.map(|_| (self.block.0 as usize, self.block.1 as usize));
-        match gemm_path(d, self.dtype, blocks, info) {
+        match gemm_path(d, self.dtype, self.blocks(), info) {
             GemmPath::CudaCore => GemmPath::CudaCore,
             _ if !self.aligned => GemmPath::CudaCore,
             path => path,
@@ -292,17 +302,18 @@ fn plan<D: Device>(
     if (up.dtype, up.scale_dtype, up.block) != (gate.dtype, gate.scale_dtype, gate.block) {
         return Ok(None);
     }
+    // The matrix units' grouped GEMV where the setting asks for this many rows and every matrix
+    // fits it (checked only then: `plan` runs on every call).
     let matrix = |kernel: GemvMatrix| -> Option<Products> {
-        let applies = |m: &Matrices, dims: LinearDims| {
-            let blocks = m.scale_dtype.map(|_| (m.block.0 as usize, m.block.1 as usize));
-            m.aligned && gemv_tc_applies(dims, m.dtype, blocks, info)
-        };
-        let all = applies(&gate, up_dims) && applies(&up, up_dims) && applies(&down, down_dims);
         let rows = row_tile(kernel.row_tiles(), d.rows)?;
-        (tc_rows.is_some_and(|r| d.rows >= r) && all).then_some(Products::GemvMatrix { kernel, rows })
+        let all = gate.matrix_gemv_applies(up_dims, info)
+            && up.matrix_gemv_applies(up_dims, info)
+            && down.matrix_gemv_applies(down_dims, info);
+        all.then_some(Products::GemvMatrix { kernel, rows })
     };
     let products = match row_tile(&GEMV_ROW_TILES, d.rows) {
         Some(rows) => GemvMatrix::of(info)
+            .filter(|_| tc_rows.is_some_and(|r| d.rows >= r))
             .and_then(matrix)
             .unwrap_or(Products::Gemv { rows, fused: row_tile(&GATE_UP_ROW_TILES, d.rows) }),
         None => {
