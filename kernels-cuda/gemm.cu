@@ -110,14 +110,14 @@ MW_DEV void gemm(const LinearParams& p) {
 
 // The `experts` op's grouped GEMM: block (x, y) takes row tile y of the experts' sorted rows
 // (mw_linear::expert_tile) and that expert's matrix. Its params stay in registers (64 of them, no
-// spills): a shared copy, as the tensor-core tiles take (shared_expert_tile), put the source of the
-// copy in scratch memory on AMD.
+// spills), built after the early return (mw_linear::expert_tile_params): a shared copy, as the
+// tensor-core tiles take (shared_expert_tile), put the source of the copy in scratch memory on AMD
+// and sent every load through flat.
 template <typename W, typename Scale>
 MW_DEV void gemm_experts(const ExpertsGemvParams& q) {
-    LinearParams p;
-    uint64_t i0;
-    if (!expert_tile<TILE_M>(q, p, i0)) return;
-    gemm_tile<W, Scale>(p, i0, uint64_t(blockIdx.x) * TILE_N);
+    ExpertTile t;
+    if (!expert_tile<TILE_M>(q, t)) return;
+    gemm_tile<W, Scale>(expert_tile_params(q, t), expert_tile_row<TILE_M>(t), uint64_t(blockIdx.x) * TILE_N);
 }
 
 }  // namespace mw_gemm

@@ -173,17 +173,17 @@ MW_DEV void gemm_mfma(const LinearParams& p) {
 }
 
 // The `experts` op's grouped GEMM: block (x, y) takes row tile y of the experts' sorted rows
-// (mw_linear::expert_tile) and that expert's matrix.
+// (mw_linear::expert_tile) and that expert's matrix, its params in registers (CDNA has the room)
+// built after the early return (mw_linear::expert_tile_params), so its loads stay global.
 template <typename W, typename Scale>
 MW_DEV void gemm_mfma_experts(const ExpertsGemvParams& q) {
 #if defined(MW_MFMA_UNSUPPORTED)
     (void)q;
     __trap();
 #else
-    MW_SHARED(LinearParams, p_smem);
-    uint64_t i0;
-    if (!shared_expert_tile<TILE_M>(q, p_smem, i0)) return;
-    gemm_mfma_tile<W, Scale>(p_smem, i0, uint64_t(blockIdx.x) * TILE_N);
+    ExpertTile t;
+    if (!expert_tile<TILE_M>(q, t)) return;
+    gemm_mfma_tile<W, Scale>(expert_tile_params(q, t), expert_tile_row<TILE_M>(t), uint64_t(blockIdx.x) * TILE_N);
 #endif
 }
 

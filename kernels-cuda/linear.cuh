@@ -474,11 +474,15 @@ MW_DEV bool shared_expert_gemv(const ExpertsGemvParams& q, GemvTcParams& q_smem,
 
 // The grouped GEMM's row tile (gemm.cu, gemm_tc.cu, gemm_mfma.cu: *_experts): blockIdx.y counts
 // the TILE_M-row tiles of every expert's rows in order of expert (ceil(rows_e / TILE_M) each, none
-// for an expert without rows); false for a block past the last tile. Else `p` is the GEMM of the
-// tile's expert on its rows and matrix, and `i0` the tile's first row among them. Sum over e of
-// ceil(rows_e / TILE_M) <= ceil(pairs / TILE_M) + active - 1, the grid's rows of tiles.
+// for an expert without rows); false for a block past the last tile. Else `out` names the tile's
+// expert, that expert's rows (`first`, `count` among the sorted rows) and the tile's place among
+// them. Sum over e of ceil(rows_e / TILE_M) <= ceil(pairs / TILE_M) + active - 1, the grid's rows
+// of tiles.
+struct ExpertTile {
+    uint32_t expert, first, count, tile;
+};
 template <int TILE_M>
-MW_DEV bool expert_tile(const ExpertsGemvParams& q, LinearParams& p, uint64_t& i0) {
+MW_DEV bool expert_tile(const ExpertsGemvParams& q, ExpertTile& out) {
     uint32_t tile = blockIdx.y, e = 0, first = 0, count = 0;
     for (; e < q.experts && e < MW_MAX_EXPERTS; ++e) {
         first = q.offsets[e];
@@ -487,21 +491,34 @@ MW_DEV bool expert_tile(const ExpertsGemvParams& q, LinearParams& p, uint64_t& i
         if (tile < tiles) break;
         tile -= tiles;
     }
-    if (e >= q.experts || e >= MW_MAX_EXPERTS) return false;
-    p = expert_params(q.base, first, count, pick_matrix(q.mat, e));
-    i0 = uint64_t(tile) * TILE_M;
-    return true;
+    out = ExpertTile{e, first, count, tile};
+    return e < q.experts && e < MW_MAX_EXPERTS;
 }
 
-// expert_tile with the params written to `p_smem`, the block's shared copy (a barrier inside,
-// reached by the whole block or by none of it): the tensor-core tiles read them where they use
-// them rather than hold them in registers beside their accumulators (the plain GEMMs read theirs
-// from the constant bank).
+// The GEMM of tile `t` (from expert_tile): its expert's matrix on its rows. gemm_experts and
+// gemm_mfma_experts build it in registers after their early return: on AMD, params read back from
+// LDS, or computed before the return and merged with its path, lose the pointers' global address
+// space, and every load and store of the tile goes through flat.
+MW_DEV LinearParams expert_tile_params(const ExpertsGemvParams& q, const ExpertTile& t) {
+    return expert_params(q.base, t.first, t.count, pick_matrix(q.mat, t.expert));
+}
+
+// The first row of tile `t` among its expert's rows.
+template <int TILE_M>
+MW_DEV uint64_t expert_tile_row(const ExpertTile& t) {
+    return uint64_t(t.tile) * TILE_M;
+}
+
+// expert_tile_params written to `p_smem`, the block's shared copy, for gemm_tc_experts (false as
+// expert_tile; a barrier inside, reached by the whole block or by none of it): the tensor-core
+// tiles read them where they use them rather than hold them in registers beside their accumulators
+// (the plain GEMMs read theirs from the constant bank).
 template <int TILE_M>
 MW_DEV bool shared_expert_tile(const ExpertsGemvParams& q, LinearParams& p_smem, uint64_t& i0) {
-    LinearParams p;
-    if (!expert_tile<TILE_M>(q, p, i0)) return false;
-    if (threadIdx.x == 0) p_smem = p;
+    ExpertTile t;
+    if (!expert_tile<TILE_M>(q, t)) return false;
+    if (threadIdx.x == 0) p_smem = expert_tile_params(q, t);
+    i0 = expert_tile_row<TILE_M>(t);
     __syncthreads();
     return true;
 }

@@ -2,7 +2,8 @@
 //! `memwall peak --backend cuda` times: the read kernel's wrapping word sum against the host's,
 //! the copy against its source (destination poisoned first, a guard past its end), odd vector
 //! counts (1, 3, 17, a block's worth and one more, 4097, and enough for several grid-stride passes
-//! with the unrolled loop and its tail), and the launcher's checks.
+//! with the unrolled loop and its tail), and the launcher's checks. Also the device's memset
+//! (`Device::zero`, `Backend::zero`): a range inside a poisoned buffer, nothing outside it.
 //!
 //! Runs on each emulated backend (`--features memwall/emulate`) and, ignored unless asked for, on
 //! a CUDA or ROCm device (`--features memwall/cuda` or `memwall/hip`, `-- --ignored`; `MEMWALL_REQUIRE_GPU=1` makes a missing
@@ -68,6 +69,40 @@ fn stream_cases<D: Device>(g: &Gpu<D>, who: &str, vecs: &[usize]) {
             "{who}: stream_copy of {v} vectors wrote past the end"
         );
     }
+}
+
+/// `Device::zero` of ranges inside random bytes (odd offsets and lengths, the whole buffer,
+/// nothing) zeroes them and nothing else; `Backend::zero` zeroes a tensor's current rows and not
+/// the rest of its storage; past the end is an error that writes nothing.
+fn zero_cases<D: Device>(g: &Gpu<D>, who: &str) {
+    let dev = g.device();
+    let mut rng = Rng::new(0x7a65_726f);
+    let len = 70_001;
+    for (offset, n) in [(0, len), (1, 3), (17, 4097), (4096, 65_537), (len, 0), (5, 0)] {
+        let mut want = random_bytes(&mut rng, len);
+        let mut buf = dev.alloc(len).unwrap();
+        dev.write(&mut buf, 0, &want).unwrap();
+        dev.zero(&mut buf, offset, n).unwrap_or_else(|e| panic!("{who}: zero {n} bytes at {offset}: {e}"));
+        want[offset..offset + n].fill(0);
+        let mut got = vec![0u8; len];
+        dev.read(&buf, 0, &mut got).unwrap();
+        if let Some(i) = (0..len).find(|&i| got[i] != want[i]) {
+            panic!("{who}: zero {n} bytes at {offset}: byte {i} is {:#04x}, want {:#04x}", got[i], want[i]);
+        }
+        assert!(dev.zero(&mut buf, offset, len - offset + 1).is_err(), "{who}: zero past the end");
+        dev.read(&buf, 0, &mut got).unwrap();
+        assert!(got == want, "{who}: a refused zero wrote");
+    }
+    use memwall::runtime::{Backend, DType};
+    let mut t = g.upload_f32(DType::F32, &[3, 5], &[2.5; 15]).unwrap();
+    t.set_rows(2).unwrap();
+    g.zero(&mut t).unwrap();
+    t.set_rows(3).unwrap();
+    let v = g.read_f32(&t).unwrap();
+    assert!(
+        v[..10].iter().all(|&x| x == 0.0) && v[10..].iter().all(|&x| x == 2.5),
+        "{who}: Backend::zero {v:?}"
+    );
 }
 
 fn bad_input<D: Device>(g: &Gpu<D>, who: &str) {
@@ -162,6 +197,13 @@ mod emulated {
             bad_input(&g, &name);
         }
     }
+
+    #[test]
+    fn zero_fills_only_its_range() {
+        for (name, g) in common::gpu::emulated() {
+            zero_cases(&g, &name);
+        }
+    }
 }
 
 device_tests! {
@@ -174,5 +216,9 @@ device_tests! {
 
     fn bad_sizes_are_errors(g, who) {
         bad_input(&g, who);
+    }
+
+    fn zero_fills_only_its_range(g, who) {
+        zero_cases(&g, who);
     }
 }

@@ -9,6 +9,8 @@
 //!   so each 16-byte weight word is one `global_load_dwordx4` (split loads would give
 //!   GEMV_UNROLL fewer and a dword or narrower load in their place), and no `flat_load` (an
 //!   address space the compiler could not prove global) appears;
+//! - no kernel of any file goes through flat memory instructions (`flat_*`): loads and stores are
+//!   global or LDS;
 //! - fp8 in the fnuz formats is decoded by the CDNA3 conversion instructions (kernels-hip/hip.h)
 //!   on gfx94x and nowhere else: every `*_e4m3fnuz*` kernel there uses `v_cvt_(pk_)f32_fp8` and
 //!   no bf8 conversion, every `*_e5m2fnuz*` kernel the bf8 ones and no fp8 one, and every other
@@ -186,6 +188,42 @@ fn disassemble(image: &KernelImage) -> Vec<(String, Vec<String>)> {
     let target = image.targets[0];
     let file = on_disk(image.name, target, image.fatbin);
     functions(&tool("llvm-objdump", &["-d", &format!("--mcpu={target}")], &file))
+}
+
+/// No kernel of any file reads or writes memory through flat instructions: every kernel's memory
+/// is global (its params' pointers) or LDS, and a `flat_*` op means the compiler lost a pointer's
+/// address space (read back from LDS, or merged with another path), which on CDNA also makes each
+/// LDS wait (lgkmcnt) wait for the global loads in flight. The grouped GEMMs of the experts
+/// (`gemm_experts_*`, `gemm_mfma_experts_*`) once did: their params were staged in LDS or built
+/// before the early return.
+#[test]
+fn no_kernel_goes_through_flat() {
+    if !built() {
+        return;
+    }
+    let mut kernels = 0;
+    for image in HIP_CODE_OBJECTS {
+        let target = image.targets[0];
+        for (name, lines) in &disassemble(image) {
+            let flat: Vec<&str> = lines
+                .iter()
+                .filter_map(|l| l.split_whitespace().next())
+                .filter(|o| o.starts_with("flat_"))
+                .collect();
+            assert!(
+                flat.is_empty(),
+                "{name} ({target}) of {}: {} flat ops, {:?}",
+                image.name,
+                flat.len(),
+                flat[0]
+            );
+            kernels += 1;
+        }
+    }
+    assert!(
+        kernels >= HIP_KERNELS.iter().map(|(_, _, k)| k.len()).sum::<usize>(),
+        "{kernels} kernels disassembled"
+    );
 }
 
 /// The CDNA3 targets, whose fp8 conversions read the fnuz formats.

@@ -240,6 +240,22 @@ fn memory_errors(b: &impl HostBackend) {
     let mut head = [0u8; 3];
     b.exec_read(&s, &mut head).unwrap_or_else(|e| panic!("{}: exec_read 3 of 8 bytes: {e}", b.name()));
     assert_eq!(head, [7, 7, 7], "{}: exec_read of a prefix", b.name());
+    expect(
+        b,
+        "exec_zero 9 bytes",
+        b.exec_zero(&mut s, 9),
+        Error::OutOfBounds { what: "zero".into(), offset: 0, len: 9, size: 8 },
+    );
+    b.exec_zero(&mut s, 5).unwrap_or_else(|e| panic!("{}: exec_zero 5 of 8 bytes: {e}", b.name()));
+    assert_eq!(s.bytes(), [0, 0, 0, 0, 0, 7, 7, 0], "{}: exec_zero of a prefix", b.name());
+    // zero: the tensor's current rows, not the rest of its storage.
+    let mut t =
+        b.upload_f32(DType::F32, &[3, 2], &[1.5; 6]).unwrap_or_else(|e| panic!("{}: upload: {e}", b.name()));
+    t.set_rows(2).unwrap_or_else(|e| panic!("{}: set_rows 2 of 3: {e}", b.name()));
+    b.zero(&mut t).unwrap_or_else(|e| panic!("{}: zero: {e}", b.name()));
+    t.set_rows(3).unwrap_or_else(|e| panic!("{}: set_rows 3 of 3: {e}", b.name()));
+    let v = b.read_f32(&t).unwrap_or_else(|e| panic!("{}: read: {e}", b.name()));
+    assert_eq!(v, [0.0, 0.0, 0.0, 0.0, 1.5, 1.5], "{}: zero of 2 of 3 rows", b.name());
 
     // Rows: at most what the storage holds; reshape keeps the current element count.
     let mut t = z(b, DType::F32, &[4, 3]);

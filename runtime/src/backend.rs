@@ -40,6 +40,12 @@ pub trait Backend: Send + Sync {
     /// Copies the first `out.len()` bytes of `src` into host `out`; more than `src` holds is an
     /// error.
     fn exec_read(&self, src: &Self::Storage, out: &mut [u8]) -> Result<()>;
+    /// Sets the first `bytes` bytes of `dst` to zero (ordered after queued work); more than
+    /// `dst` holds is an error. The default writes a host buffer of zeros; a backend with a fill
+    /// of its own (a device memset) overrides it.
+    fn exec_zero(&self, dst: &mut Self::Storage, bytes: usize) -> Result<()> {
+        self.exec_write(dst, &vec![0u8; bytes])
+    }
     /// Waits until all queued work is done.
     fn synchronize(&self) -> Result<()> {
         Ok(())
@@ -238,8 +244,8 @@ pub trait Backend: Send + Sync {
     /// host-routed [`experts_composed`] (one expert's rows at a time); a backend whose
     /// `exec_experts` works on every pick's row at once asks for `d.rows * d.k`, and then uses the
     /// session's scratch instead of holding its own.
-    fn experts_scratch_rows(&self, d: ExpertsDims) -> Result<usize> {
-        Ok(d.rows)
+    fn experts_scratch_rows(&self, d: ExpertsDims) -> usize {
+        d.rows
     }
 
     // ---- memory (checked) -------------------------------------------------------------------
@@ -280,6 +286,13 @@ pub trait Backend: Send + Sync {
             });
         }
         self.exec_write(dst.storage_mut(), bytes)
+    }
+
+    /// Sets every element of the tensor (its current shape) to zero, without a host buffer of
+    /// its size where the backend can fill memory itself.
+    fn zero(&self, dst: &mut Tensor<Self::Storage>) -> Result<()> {
+        let bytes = dst.nbytes();
+        self.exec_zero(dst.storage_mut(), bytes)
     }
 
     /// The tensor's bytes.
@@ -598,7 +611,7 @@ pub fn experts_composed<B: Backend + ?Sized>(
         }
         list.push((row as u32, w));
     }
-    b.write(out, &scratch.zeros[..out.nbytes()])?;
+    b.zero(out)?;
     for (expert, list) in experts.iter().zip(&routed) {
         if list.is_empty() {
             continue;
@@ -657,6 +670,9 @@ impl<B: Backend, H: Hook> Backend for Wrapped<B, H> {
     }
     fn exec_read(&self, src: &B::Storage, out: &mut [u8]) -> Result<()> {
         self.inner.exec_read(src, out)
+    }
+    fn exec_zero(&self, dst: &mut B::Storage, bytes: usize) -> Result<()> {
+        self.inner.exec_zero(dst, bytes)
     }
     fn synchronize(&self) -> Result<()> {
         self.inner.synchronize()
@@ -764,7 +780,7 @@ impl<B: Backend, H: Hook> Backend for Wrapped<B, H> {
     fn experts_on_device(&self, d: ExpertsDims, experts: &[Expert<'_, B::Storage>]) -> bool {
         self.inner.experts_on_device(d, experts)
     }
-    fn experts_scratch_rows(&self, d: ExpertsDims) -> Result<usize> {
+    fn experts_scratch_rows(&self, d: ExpertsDims) -> usize {
         self.inner.experts_scratch_rows(d)
     }
 }

@@ -89,7 +89,6 @@ pub struct ExpertsScratch<S> {
     pub up: Tensor<S>,
     pub act: Tensor<S>,
     pub out: Tensor<S>,
-    pub(crate) zeros: Vec<u8>,
     rows: usize,
     k: usize,
 }
@@ -98,7 +97,7 @@ impl<S: Storage> ExpertsScratch<S> {
     /// Scratch on `b` for steps of at most `d.rows` rows, each picking `d.k` of `d.experts`
     /// experts of `d.hidden` / `d.inter` features.
     pub fn alloc<B: Backend<Storage = S> + ?Sized>(b: &B, d: ExpertsDims) -> Result<Self> {
-        let held = b.experts_scratch_rows(d)?.max(d.rows);
+        let held = b.experts_scratch_rows(d).max(d.rows);
         let f32s = |cols: usize| b.alloc(DType::F32, &[held, cols]);
         Ok(ExpertsScratch {
             idx: b.alloc(DType::U32, &[d.rows])?,
@@ -108,7 +107,6 @@ impl<S: Storage> ExpertsScratch<S> {
             up: f32s(d.inter)?,
             act: f32s(d.inter)?,
             out: f32s(d.hidden)?,
-            zeros: vec![0u8; d.rows * d.hidden * DType::F32.size()],
             rows: d.rows,
             k: d.k,
         })

@@ -26,6 +26,17 @@ pub(crate) fn host_write(dst: &mut HostStorage, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// Zeroes the first `bytes` bytes of `dst`.
+pub(crate) fn host_zero(dst: &mut HostStorage, bytes: usize) -> Result<()> {
+    let len = dst.len_bytes();
+    let d = dst.bytes_mut().ok_or(Error::ReadOnly { op: "zero", tensor: "dst" })?;
+    if bytes > len {
+        return Err(Error::OutOfBounds { what: "zero".into(), offset: 0, len: bytes, size: len });
+    }
+    d[..bytes].fill(0);
+    Ok(())
+}
+
 /// Copies the first `out.len()` bytes of `src` into `out`.
 pub(crate) fn host_read(src: &HostStorage, out: &mut [u8]) -> Result<()> {
     let s = src.bytes();

@@ -37,6 +37,14 @@ impl<D: Device> Backend for Gpu<D> {
         self.device.write(&mut dst.buf, 0, bytes)
     }
 
+    fn exec_zero(&self, dst: &mut Self::Storage, bytes: usize) -> Result<()> {
+        self.not_recording("zero-filling")?;
+        if bytes > dst.len {
+            return Err(Error::OutOfBounds { what: "zero".into(), offset: 0, len: bytes, size: dst.len });
+        }
+        self.device.zero(&mut dst.buf, 0, bytes)
+    }
+
     /// Reads after all queued work, then reports the first data-dependent error a kernel
     /// recorded since the last check (the bytes read may then be partly stale).
     fn exec_read(&self, src: &Self::Storage, out: &mut [u8]) -> Result<()> {
@@ -185,7 +193,7 @@ impl<D: Device> Backend for Gpu<D> {
         ops::experts::on_device::<D>(d, experts, self.device().info())
     }
 
-    fn experts_scratch_rows(&self, d: ExpertsDims) -> Result<usize> {
-        Ok(ops::experts::scratch_rows(d))
+    fn experts_scratch_rows(&self, d: ExpertsDims) -> usize {
+        ops::experts::scratch_rows(d)
     }
 }

@@ -58,6 +58,10 @@ impl Device for Logger {
         dst[offset..offset + bytes.len()].copy_from_slice(bytes);
         Ok(())
     }
+    fn zero(&self, dst: &mut Vec<u8>, offset: usize, len: usize) -> Result<()> {
+        dst[offset..offset + len].fill(0);
+        Ok(())
+    }
     fn read(&self, src: &Vec<u8>, offset: usize, out: &mut [u8]) -> Result<()> {
         out.copy_from_slice(&src[offset..offset + out.len()]);
         Ok(())

@@ -355,6 +355,17 @@ impl Device for CudaDevice {
             .map_err(|e| driver(&format!("copying {} bytes to the device", bytes.len()), e))
     }
 
+    fn zero(&self, dst: &mut CudaBuffer, offset: usize, len: usize) -> Result<()> {
+        check_range(self.name(), "zero", offset, len, dst.len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: the range lies inside `dst`; the memset is ordered on the stream.
+        unsafe { result::memset_d8_async(dst.ptr + offset as u64, 0, len, self.stream.cu_stream()) }
+            .map_err(|e| driver(&format!("zero-filling {len} bytes"), e))
+    }
+
     fn read(&self, src: &CudaBuffer, offset: usize, out: &mut [u8]) -> Result<()> {
         check_range(self.name(), "read", offset, out.len(), src.len)?;
         if out.is_empty() {

@@ -221,6 +221,13 @@ impl Device for EmuDevice {
         Ok(())
     }
 
+    fn zero(&self, dst: &mut EmuBuffer, offset: usize, len: usize) -> Result<()> {
+        check_range(self.name(), "zero", offset, len, dst.len)?;
+        // SAFETY: offset + len is inside the allocation (checked); `dst` is borrowed mutably.
+        unsafe { std::ptr::write_bytes(dst.ptr.add(offset), 0, len) };
+        Ok(())
+    }
+
     fn read(&self, src: &EmuBuffer, offset: usize, out: &mut [u8]) -> Result<()> {
         check_range(self.name(), "read", offset, out.len(), src.len)?;
         // SAFETY: offset + len is inside the allocation (checked); launches are synchronous, so

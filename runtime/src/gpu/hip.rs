@@ -385,6 +385,21 @@ impl Device for HipDevice {
         }
     }
 
+    fn zero(&self, dst: &mut HipBuffer, offset: usize, len: usize) -> Result<()> {
+        check_range(self.name(), "zero", offset, len, dst.len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: the range lies inside `dst`; the memset is ordered on the stream.
+        unsafe {
+            check(
+                &format!("zero-filling {len} bytes"),
+                sys::hipMemsetAsync(dst.ptr.cast::<u8>().add(offset).cast(), 0, len, self.stream),
+            )
+        }
+    }
+
     fn read(&self, src: &HipBuffer, offset: usize, out: &mut [u8]) -> Result<()> {
         check_range(self.name(), "read", offset, out.len(), src.len)?;
         if out.is_empty() {

@@ -143,6 +143,9 @@ pub trait Device: Send + Sync + Sized + 'static {
     fn address(buf: &Self::Buffer) -> u64;
     /// Copies host `bytes` to `dst[offset..]` (ordered after queued work).
     fn write(&self, dst: &mut Self::Buffer, offset: usize, bytes: &[u8]) -> Result<()>;
+    /// Sets `dst[offset..offset + len]` to zero (a memset on the stream, ordered after queued
+    /// work).
+    fn zero(&self, dst: &mut Self::Buffer, offset: usize, len: usize) -> Result<()>;
     /// Copies `src[offset..offset + out.len()]` to host `out` after queued work is done.
     fn read(&self, src: &Self::Buffer, offset: usize, out: &mut [u8]) -> Result<()>;
     /// Queues kernel `name` with `params` (the bytes of its `#[repr(C)]` params struct).

@@ -66,6 +66,9 @@ impl Backend for Reference {
     fn exec_read(&self, src: &HostStorage, out: &mut [u8]) -> Result<()> {
         super::host_read(src, out)
     }
+    fn exec_zero(&self, dst: &mut HostStorage, bytes: usize) -> Result<()> {
+        super::host_zero(dst, bytes)
+    }
     fn exec_linear(
         &self,
         d: LinearDims,
