@@ -126,8 +126,10 @@ struct LaneRows {
 };
 
 // Loads the lane's weight words for the step at column l (zero outside the matrix: k is a multiple
-// of VEC, so a word is wholly inside or outside).
-template <typename W>
+// of VEC, so a word is wholly inside or outside). GLOBAL: through linear.cuh's load_weight_words,
+// for the grouped form, whose expert's weight pointer nvcc no longer knows to be global (the plain
+// kernels' loads are LDG already; the nc form there made ptxas spill two f16 block-scaled tiles).
+template <typename W, bool GLOBAL>
 MW_DEV void load_step(const LinearParams& p, const LaneRows<W>& rows, uint64_t l, StepWords& s) {
     const int t = threadIdx.x % 4;
     const bool inside = l + Traits<W>::VEC * t < p.k;
@@ -135,8 +137,13 @@ MW_DEV void load_step(const LinearParams& p, const LaneRows<W>& rows, uint64_t l
     for (int mt = 0; mt < TILES; ++mt)
 #pragma unroll
         for (int r = 0; r < 2; ++r)
-            s.w[mt][r] = (inside && rows.live[mt][r]) ? *reinterpret_cast<const Words*>(rows.at[mt][r] + l)
-                                                      : Words{{0, 0, 0, 0}};
+            if (!inside || !rows.live[mt][r]) {
+                s.w[mt][r] = Words{{0, 0, 0, 0}};
+            } else if constexpr (GLOBAL) {
+                s.w[mt][r] = load_weight_words(rows.at[mt][r] + l);
+            } else {
+                s.w[mt][r] = *reinterpret_cast<const Words*>(rows.at[mt][r] + l);
+            }
 }
 
 // The x tile of R tokens, staged in registers by the block's threads (linear.cuh).
@@ -207,8 +214,8 @@ struct LaneSums {
 };
 
 // Block (bx, split) of the GEMV q (blockIdx for gemv_tc_*; the expert's tile for
-// gemv_tc_experts_*).
-template <typename W, typename Scale, int R>
+// gemv_tc_experts_*, with GLOBAL weight loads: load_step).
+template <typename W, typename Scale, int R, bool GLOBAL = false>
 MW_DEV void gemv_tc(const GemvTcParams& q, uint32_t bx, uint32_t split) {
     using T = Traits<W>;
     constexpr int H = R / 8;
@@ -234,7 +241,7 @@ MW_DEV void gemv_tc(const GemvTcParams& q, uint32_t bx, uint32_t split) {
     StepWords w[2];
     staged.load(p, l_begin);
     const LaneRows<W> rows(p, j0);
-    load_step<W>(p, rows, l_begin, w[0]);
+    load_step<W, GLOBAL>(p, rows, l_begin, w[0]);
     staged.template store<T::ROW>(xs[0]);
     __syncthreads();
     const uint64_t tiles = (l_end - l_begin + TILE_K - 1) / TILE_K;
@@ -262,7 +269,7 @@ MW_DEV void gemv_tc(const GemvTcParams& q, uint32_t bx, uint32_t split) {
         for (int s = 0; s < T::STEPS; ++s) {
             const uint64_t l = l0 + s * T::STEP_K;
             if (l < l_end) {  // uniform over the block
-                if (l + T::STEP_K < l_end) load_step<W>(p, rows, l + T::STEP_K, w[(s + 1) % 2]);
+                if (l + T::STEP_K < l_end) load_step<W, GLOBAL>(p, rows, l + T::STEP_K, w[(s + 1) % 2]);
                 if constexpr (Scale::BLOCKS) {
                     mma_step<W, R>(xs[buf], s * T::STEP_K, w[s % 2], part);
                     in_block += T::STEP_K;
@@ -298,13 +305,23 @@ MW_DEV void gemv_tc(const GemvTcParams& q, uint32_t bx, uint32_t split) {
 }
 
 // The `experts` op's grouped form: each block one tile of FEATURES output features of one active
-// expert, on that expert's rows (linear.cuh's shared_expert_gemv).
+// expert, on that expert's rows. Its params in registers (linear.cuh's expert_gemv), built after
+// the early return: read back from a shared copy (shared_expert_gemv) at each use, they cost 260
+// LDS in the tile loop of the 16-row bf16 kernel on sm_90a and made its stores generic. On sm_80,
+// where the software fp8 decode needs more registers, the shared copy stays: in registers the e5m2
+// block-scaled 16-row kernels spilled at 255.
 template <typename W, typename Scale, int R>
 MW_DEV void gemv_tc_experts(const ExpertsGemvParams& e) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
     MW_SHARED(GemvTcParams, q_smem);
     uint32_t bx;
     if (!shared_expert_gemv(e, q_smem, bx)) return;
-    gemv_tc<W, Scale, R>(q_smem, bx, 0);
+    gemv_tc<W, Scale, R, true>(q_smem, bx, 0);
+#else
+    ExpertBlock b;
+    if (!expert_block(e, b)) return;
+    gemv_tc<W, Scale, R, true>(expert_gemv(e, b), b.block, 0);
+#endif
 }
 
 }  // namespace mw_gemv_tc

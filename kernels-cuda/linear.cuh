@@ -12,6 +12,16 @@ struct alignas(16) Words {
     uint32_t e[4];
 };
 
+// 16 bytes of read-only global memory (weights) at `ptr` (16-byte aligned), loaded as global
+// whatever the compiler can prove of the pointer: one chosen among an expert table (pick_matrix)
+// reaches the load as a generic pointer, which nvcc loads with a generic LD where a kernel
+// parameter's pointer gets LDG (`__ldg`: ld.global.nc, the read-only path; the weights do not
+// change while a kernel runs).
+MW_DEV Words load_weight_words(const void* ptr) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(ptr));
+    return Words{{v.x, v.y, v.z, v.w}};
+}
+
 MW_DEV bool aligned16(const void* ptr) { return (reinterpret_cast<unsigned long long>(ptr) & 15u) == 0; }
 
 // Element i of 16 bytes of W, widened to f32 (exact for every dtype).
@@ -457,12 +467,12 @@ MW_DEV GemvTcParams expert_gemv(const ExpertsGemvParams& q, const ExpertBlock& b
     return out;
 }
 
-// expert_gemv written to `q_smem`, the block's shared copy, for gemv_tc_experts (false as
+// expert_gemv written to `q_smem`, the block's shared copy, for gemv_tc_experts on sm_80 (false as
 // expert_block; a barrier inside, reached by the whole block or by none of it): held in registers
-// beside the 16-row tile's accumulators, the params made ptxas spill. gemv_mfma_experts keeps them
-// in registers, of which CDNA has more, computed after the early return: read back from LDS, or
-// merged with the return path, the pointers lose their global address space and every weight load
-// becomes a flat one.
+// beside the 16-row tile's accumulators and the software fp8 decode, the params made ptxas spill
+// there. On sm_90a and the emulator, and in gemv_mfma_experts, they stay in registers, computed
+// after the early return: read back from shared memory at each use they cost an LDS per use
+// (nvcc) and lose the pointers' global address space (generic LD/ST on NVIDIA, flat on AMD).
 MW_DEV bool shared_expert_gemv(const ExpertsGemvParams& q, GemvTcParams& q_smem, uint32_t& bx) {
     ExpertBlock b;
     if (!expert_block(q, b)) return false;
