@@ -126,8 +126,8 @@ struct LaneRows {
 };
 
 // Loads the lane's weight words for the step at column l (zero outside the matrix: k is a multiple
-// of VEC, so a word is wholly inside or outside). GLOBAL: through linear.cuh's load_weight_words,
-// for the grouped form, whose expert's weight pointer nvcc no longer knows to be global (the plain
+// of VEC, so a word is wholly inside or outside). GLOBAL: through linear.cuh's load_weight_words
+// (load_words), for the grouped form, whose expert's weight pointer nvcc no longer knows to be global (the plain
 // kernels' loads are LDG already; the nc form there made ptxas spill two f16 block-scaled tiles).
 template <typename W, bool GLOBAL>
 MW_DEV void load_step(const LinearParams& p, const LaneRows<W>& rows, uint64_t l, StepWords& s) {
@@ -137,13 +137,9 @@ MW_DEV void load_step(const LinearParams& p, const LaneRows<W>& rows, uint64_t l
     for (int mt = 0; mt < TILES; ++mt)
 #pragma unroll
         for (int r = 0; r < 2; ++r)
-            if (!inside || !rows.live[mt][r]) {
-                s.w[mt][r] = Words{{0, 0, 0, 0}};
-            } else if constexpr (GLOBAL) {
-                s.w[mt][r] = load_weight_words(rows.at[mt][r] + l);
-            } else {
-                s.w[mt][r] = *reinterpret_cast<const Words*>(rows.at[mt][r] + l);
-            }
+            s.w[mt][r] = (inside && rows.live[mt][r])
+                             ? load_words<GLOBAL>(reinterpret_cast<const Words*>(rows.at[mt][r] + l))
+                             : Words{{0, 0, 0, 0}};
 }
 
 // The x tile of R tokens, staged in registers by the block's threads (linear.cuh).

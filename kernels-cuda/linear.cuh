@@ -22,6 +22,19 @@ MW_DEV Words load_weight_words(const void* ptr) {
     return Words{{v.x, v.y, v.z, v.w}};
 }
 
+// A 16-byte word of weights: through load_weight_words where GLOBAL (gemv_tc_experts, whose
+// pointers come out of pick_matrix), else a plain load. (gemv.cu's experts_* kernels load their
+// weights with generic LD.E.128 on NVIDIA for the same reason; through this, ptxas spilled 8 to 20
+// bytes in 14 of them at their register caps, so they are left as they are until measured.)
+template <bool GLOBAL>
+MW_DEV Words load_words(const Words* ptr) {
+    if constexpr (GLOBAL) {
+        return load_weight_words(ptr);
+    } else {
+        return *ptr;
+    }
+}
+
 MW_DEV bool aligned16(const void* ptr) { return (reinterpret_cast<unsigned long long>(ptr) & 15u) == 0; }
 
 // Element i of 16 bytes of W, widened to f32 (exact for every dtype).
