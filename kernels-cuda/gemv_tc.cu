@@ -127,8 +127,9 @@ struct LaneRows {
 
 // Loads the lane's weight words for the step at column l (zero outside the matrix: k is a multiple
 // of VEC, so a word is wholly inside or outside). GLOBAL: through linear.cuh's load_weight_words
-// (load_words), for the grouped form, whose expert's weight pointer nvcc no longer knows to be global (the plain
-// kernels' loads are LDG already; the nc form there made ptxas spill two f16 block-scaled tiles).
+// (load_words), for the grouped form, whose expert's weight pointer nvcc no longer knows to be
+// global (the plain kernels' loads are LDG already; the nc form there made ptxas spill two f16
+// block-scaled tiles).
 template <typename W, bool GLOBAL>
 MW_DEV void load_step(const LinearParams& p, const LaneRows<W>& rows, uint64_t l, StepWords& s) {
     const int t = threadIdx.x % 4;
@@ -303,7 +304,7 @@ MW_DEV void gemv_tc(const GemvTcParams& q, uint32_t bx, uint32_t split) {
 // The `experts` op's grouped form: each block one tile of FEATURES output features of one active
 // expert, on that expert's rows. Its params in registers (linear.cuh's expert_gemv), built after
 // the early return: read back from a shared copy (shared_expert_gemv) at each use, they cost 260
-// LDS in the tile loop of the 16-row bf16 kernel on sm_90a and made its stores generic. On sm_80,
+// more LDS in the 16-row bf16 kernel on sm_90a (283 against 24) and made its stores generic. On sm_80,
 // where the software fp8 decode needs more registers, the shared copy stays: in registers the e5m2
 // block-scaled 16-row kernels spilled at 255.
 template <typename W, typename Scale, int R>
