@@ -2,7 +2,8 @@
 //! in the fatbins, for every SASS target, and every image is a fatbin with kernels for each target.
 //! In the SASS (cuobjdump from scripts/setup.sh's pinned install): no innermost loop of any kernel
 //! touches local memory, the e4m3fn / e5m2 GEMVs use the hardware fp8 conversion where the
-//! target has it, and only gemm_wg.cu's kernels use wgmma, on sm_90a alone.
+//! target has it, only gemm_wg.cu's kernels use wgmma, on sm_90a alone, and only the experts'
+//! grouped kernels use generic (not global or shared) loads and stores.
 //!
 //! Where no nvcc was found at build time there is nothing to check and the test says so, unless
 //! `MEMWALL_REQUIRE_NVCC=1` (set by scripts/test.sh, which installs the pinned nvcc), which makes
@@ -294,5 +295,64 @@ fn warpgroup_gemm_uses_wgmma_on_sm_90a() {
         }
         // 6 weight dtypes x 3 scale kinds.
         assert_eq!(warpgroup, 18, "{target}: gemm_wg kernels");
+    }
+}
+
+/// Loads and stores name their address space: no kernel uses the generic `LD` / `ST` (an address
+/// the compiler could not prove global or shared, checked by the hardware at each access), but
+/// the experts' grouped kernels, whose matrix comes out of `pick_matrix` (an indexed read of the
+/// params' table: nvcc no longer knows the pointer global). Of those, gemv_tc_experts_* on sm_89
+/// and later (sm_90a) builds its params in registers and loads its weights through
+/// `load_weight_words`, so it has none there either but its block-scaled forms' scale loads (one
+/// 32- or 16-bit word per row and k-block); the rest (gemv.cu's experts_*, gemm.cu's and
+/// gemm_tc.cu's *_experts_*, and gemv_tc_experts_* below sm_89, whose params stay in shared
+/// memory) are left until measured (kernels-cuda/linear.cuh, load_words).
+#[test]
+fn generic_memory_ops_only_in_the_experts_kernels() {
+    if !built() {
+        return;
+    }
+    let Some(sass) = sass() else { return };
+    for (target, kernels) in sass {
+        // gemv_tc.cu's gemv_tc_experts: the shared copy of its params below sm_89.
+        let arch: u32 = target.trim_start_matches("sm_").trim_end_matches('a').parse().expect("sm_NN target");
+        let shared_params = arch < 89;
+        let (mut checked, mut tc_experts) = (0, 0);
+        for k in kernels {
+            let generic: Vec<&str> = k
+                .code
+                .iter()
+                .map(|(_, t)| mnemonic(t))
+                .filter(|m| matches!(m.split('.').next(), Some("LD" | "ST")))
+                .collect();
+            let tc = k.kernel.starts_with("gemv_tc_experts_");
+            tc_experts += usize::from(tc && !generic.is_empty());
+            if k.kernel.contains("experts") && (!tc || shared_params) {
+                continue;
+            }
+            if tc && k.kernel.contains("_block_") {
+                // The k-block scales (one 32- or 16-bit word per row and block, through
+                // Scale::in_row) still load generic; the weight words and the stores do not.
+                let wide: Vec<&&str> =
+                    generic.iter().filter(|m| m.starts_with("ST") || m.ends_with(".128")).collect();
+                assert!(wide.is_empty(), "{} ({target}): generic {wide:?}", k.kernel);
+                checked += 1;
+                continue;
+            }
+            assert!(
+                generic.is_empty(),
+                "{} ({target}): generic {:?} ({} in all)",
+                k.kernel,
+                generic[0],
+                generic.len()
+            );
+            checked += 1;
+        }
+        assert!(checked > 0, "{target}: no kernel checked");
+        if shared_params {
+            // The shared-params form of gemv_tc_experts is what this test lets pass here; it must
+            // still be what the kernels are, or the exemption is stale.
+            assert!(tc_experts > 0, "{target}: gemv_tc_experts_* has no generic access: tighten this test");
+        }
     }
 }
