@@ -25,7 +25,8 @@ MW_DEV Words load_weight_words(const void* ptr) {
 // A 16-byte word of weights: through load_weight_words where GLOBAL (gemv_tc_experts, whose
 // pointers come out of pick_matrix), else a plain load. (gemv.cu's experts_* kernels load their
 // weights with generic LD.E.128 on NVIDIA for the same reason; through this, ptxas spilled 8 to 20
-// bytes in 14 of them at their register caps, so they are left as they are until measured.)
+// bytes at their register caps in 11 of them on sm_90a and 7 on sm_80 that had none, so they are
+// left as they are until measured.)
 template <bool GLOBAL>
 MW_DEV Words load_words(const Words* ptr) {
     if constexpr (GLOBAL) {
