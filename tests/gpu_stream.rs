@@ -3,7 +3,7 @@
 //! the copy against its source (destination poisoned first, a guard past its end), odd vector
 //! counts (1, 3, 17, a block's worth and one more, 4097, and enough for several grid-stride passes
 //! with the unrolled loop and its tail), and the launcher's checks. Also the device's memset
-//! (`Device::zero`, `Backend::zero`): a range inside a poisoned buffer, nothing outside it.
+//! (`Device::zero`, `Backend::zero`): a range inside a buffer of random bytes, nothing outside it.
 //!
 //! Runs on each emulated backend (`--features memwall/emulate`) and, ignored unless asked for, on
 //! a CUDA or ROCm device (`--features memwall/cuda` or `memwall/hip`, `-- --ignored`; `MEMWALL_REQUIRE_GPU=1` makes a missing
