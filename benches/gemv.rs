@@ -86,16 +86,18 @@ fn main() {
     let working_set = peak::working_set_for(llc);
     let threads = peak::max_threads();
     let llc_text = llc.map_or("unknown".to_string(), |l| format!("{} MiB", l >> 20));
+    let backend = memwall::default_backend();
     println!(
-        "memwall bench: LLC {llc_text}, working set {:.3} GB = max({} x LLC, 1 GiB), {threads} threads",
+        "memwall bench: LLC {llc_text}, working set {:.3} GB = max({} x LLC, 1 GiB), {threads} threads, \
+         cpu kernels {}",
         working_set as f64 / 1e9,
-        peak::LLC_FACTOR
+        peak::LLC_FACTOR,
+        backend.simd()
     );
 
     let mut ceiling = Ceiling::new(working_set, threads);
     ceiling.bench(&mut c);
 
-    let backend = memwall::default_backend();
     let mut runs = Vec::new();
     for dtype in WEIGHT_DTYPES {
         for (n, k) in SHAPES {

@@ -15,6 +15,14 @@
 //!   loads are exact multiples `1 / POST` of the stored value, and POST is applied with the scale
 //!   after the reduction. For the fp8 formats whose NaN codes load as finite values, each tile
 //!   scans its rows' codes once afterwards (from cache) and makes those rows NaN.
+//! - fp8 weights on AVX-512 VBMI (`Simd::Avx512Vbmi`): the same tiles, but each step widens 64
+//!   codes of a row into four f32 vectors with two `vpermi2b` table lookups and five integer ops
+//!   (`Vbmi::widen64`), about half the instructions of four `load_elem`s (whose `vcvtph2ps` is two
+//!   uops each); the fp8 GEMV was bound by that widening, not by memory. The lookups leave the
+//!   columns interleaved within each block of 64, so x is permuted the same way once per call
+//!   (`permute_x64`, zero-padded to a multiple of 64) and the weights are still read in place.
+//!   Block scales need blocks of a multiple of 64 columns here (128 in every published
+//!   checkpoint); other widths take the vector path.
 //! - GEMM (m > 1): an `MR x NR` tile of x rows by weight rows. x is cut into blocks of rows that
 //!   fit in L2 (`X_BLOCK_BYTES`); for each block a task walks its weight rows once, so each weight
 //!   row is read from memory once per block of x rows (once for a whole prompt of a few dozen
@@ -28,6 +36,10 @@
 
 use half::{bf16, f16};
 
+#[cfg(target_arch = "x86_64")]
+use super::X_PERMUTED;
+#[cfg(target_arch = "x86_64")]
+use super::simd::{Avx512, Fp8Bytes, Fp8Regs, Vbmi, VbmiKernel, run_vbmi, x64_column};
 use super::simd::{Elem, Kernel, MAX_LANES, Vector};
 use super::{Fast, INPUT_F32, with_scratch};
 use crate::ops::{GatherDims, Linear, LinearDims, WeightScale};
@@ -190,7 +202,10 @@ impl<Y: Float> OutPtr<Y> {
 
 /// One task of a linear layer: weight rows `j0..j1` against every row of x.
 struct LinearTask<'a, W, Y> {
+    /// x's rows, `x_stride` apart (k, or a multiple of 64 for the byte-table kernel's permuted
+    /// copy).
     x: &'a [f32],
+    x_stride: usize,
     m: usize,
     k: usize,
     w: &'a [W],
@@ -206,13 +221,33 @@ impl<W: Elem, Y: Float> Kernel for LinearTask<'_, W, Y> {
 
     #[inline(always)]
     fn run<V: Vector>(self, v: V) {
+        let tiler = VectorTiler(v);
         if self.m == 1 {
-            task::<V, W, Y, 1, GEMV_ROWS>(v, &self);
+            task::<W, Y, _, 1, GEMV_ROWS>(tiler, &self);
         } else if V::LANES >= 16 {
-            task::<V, W, Y, GEMM_X_ROWS_WIDE, GEMM_W_ROWS>(v, &self);
+            task::<W, Y, _, GEMM_X_ROWS_WIDE, GEMM_W_ROWS>(tiler, &self);
         } else {
-            task::<V, W, Y, GEMM_X_ROWS_NARROW, GEMM_W_ROWS>(v, &self);
+            task::<W, Y, _, GEMM_X_ROWS_NARROW, GEMM_W_ROWS>(tiler, &self);
         }
+    }
+}
+
+/// How a task reduces a tile of `MR` x rows by `NR` weight rows: [`tile`] (any instruction set)
+/// or, for fp8 weights on AVX-512 VBMI, [`tile_bytes`].
+trait Tiler<W, const MR: usize, const NR: usize>: Copy {
+    /// What the tile's sums are multiplied by: they are in the weights' load domain.
+    const POST: f32;
+    fn tile(self, x: &[&[f32]; MR], w: &[&[W]; NR], c0: usize, c1: usize) -> [[f32; NR]; MR];
+}
+
+#[derive(Clone, Copy)]
+struct VectorTiler<V>(V);
+
+impl<V: Vector, W: Elem, const MR: usize, const NR: usize> Tiler<W, MR, NR> for VectorTiler<V> {
+    const POST: f32 = W::POST;
+    #[inline(always)]
+    fn tile(self, x: &[&[f32]; MR], w: &[&[W]; NR], c0: usize, c1: usize) -> [[f32; NR]; MR] {
+        tile::<V, W, MR, NR>(self.0, x, w, c0, c1)
     }
 }
 
@@ -228,7 +263,10 @@ fn x_tile(m: usize, lanes: usize) -> usize {
 }
 
 #[inline(always)]
-fn task<V: Vector, W: Elem, Y: Float, const MR: usize, const NR: usize>(v: V, t: &LinearTask<'_, W, Y>) {
+fn task<W: Elem, Y: Float, T: Tiler<W, MR, NR>, const MR: usize, const NR: usize>(
+    tiler: T,
+    t: &LinearTask<'_, W, Y>,
+) {
     let k = t.k;
     let seg = match t.scale {
         Scale::Block { cols, .. } => cols,
@@ -248,14 +286,14 @@ fn task<V: Vector, W: Elem, Y: Float, const MR: usize, const NR: usize>(v: V, t:
             while i < i1 {
                 let x_rows: [&[f32]; MR] = std::array::from_fn(|s| {
                     let ir = (i + s).min(i1 - 1);
-                    &t.x[ir * k..(ir + 1) * k]
+                    &t.x[ir * t.x_stride..(ir + 1) * t.x_stride]
                 });
                 let total = if let Scale::Block { rows, per_row, view, .. } = t.scale {
                     let mut total = [[0.0f32; NR]; MR];
                     let (mut c0, mut b) = (0, 0);
                     while c0 < k {
                         let c1 = k.min(c0 + seg);
-                        let part = tile::<V, W, MR, NR>(v, &x_rows, &w_rows, c0, c1);
+                        let part = tiler.tile(&x_rows, &w_rows, c0, c1);
                         for r in 0..NR {
                             let s = view.get(((j + r).min(t.j1 - 1) / rows) * per_row + b);
                             for q in 0..MR {
@@ -267,12 +305,12 @@ fn task<V: Vector, W: Elem, Y: Float, const MR: usize, const NR: usize>(v: V, t:
                     }
                     total
                 } else {
-                    tile::<V, W, MR, NR>(v, &x_rows, &w_rows, 0, k)
+                    tiler.tile(&x_rows, &w_rows, 0, k)
                 };
                 for (q, row) in total.iter().enumerate().take(i1 - i) {
                     for (r, &acc) in row.iter().enumerate().take(t.j1 - j) {
                         // SAFETY: this task owns columns j0..j1 of y; j + r < j1 and i + q < m.
-                        unsafe { t.y.write(i + q, j + r, acc * W::POST * t.scale.row(j + r)) };
+                        unsafe { t.y.write(i + q, j + r, acc * T::POST * t.scale.row(j + r)) };
                     }
                 }
                 i += MR;
@@ -380,6 +418,175 @@ unsafe fn step<V: Vector, W: Elem, const MR: usize, const NR: usize>(
 }
 
 // ---------------------------------------------------------------------------------------------
+// fp8 weights through byte tables (AVX-512 VBMI)
+
+/// Columns of a byte-table step: one 64-byte load of codes per weight row.
+#[cfg(target_arch = "x86_64")]
+const BYTES_STEP: usize = 64;
+
+/// The byte-table kernel's tiler: the tokens and the format's tables in registers.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct BytesTiler {
+    v: Avx512,
+    b: Vbmi,
+    regs: Fp8Regs,
+    nan_lost: bool,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl<W: Elem, const MR: usize, const NR: usize> Tiler<W, MR, NR> for BytesTiler {
+    /// The tables give the exact values.
+    const POST: f32 = 1.0;
+    #[inline(always)]
+    fn tile(self, x: &[&[f32]; MR], w: &[&[W]; NR], c0: usize, c1: usize) -> [[f32; NR]; MR] {
+        tile_bytes::<W, MR, NR>(self, x, w, c0, c1)
+    }
+}
+
+/// As [`tile`], for fp8 weights widened by [`Vbmi::widen64`] (exact values, no `POST`). x's rows
+/// are in the permuted layout of [`permute_x64`] (zero-padded to a multiple of 64) and `c0` is a
+/// multiple of 64, so each block of 64 weights meets its x columns without moving.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+fn tile_bytes<W: Elem, const MR: usize, const NR: usize>(
+    t: BytesTiler,
+    x: &[&[f32]; MR],
+    w: &[&[W]; NR],
+    c0: usize,
+    c1: usize,
+) -> [[f32; NR]; MR] {
+    assert_eq!(size_of::<W>(), 1, "byte tables widen one-byte codes");
+    assert!(c0 <= c1 && c0.is_multiple_of(BYTES_STEP));
+    assert!(x.iter().all(|r| r.len() >= c1.next_multiple_of(BYTES_STEP)) && w.iter().all(|r| r.len() >= c1));
+    let len = c1 - c0;
+    let full = len - len % BYTES_STEP;
+    let mut xp = [std::ptr::null::<f32>(); MR];
+    let mut wp = [std::ptr::null::<u8>(); NR];
+    for q in 0..MR {
+        xp[q] = x[q][c0..].as_ptr();
+    }
+    for r in 0..NR {
+        wp[r] = w[r][c0..].as_ptr().cast();
+    }
+    let mut acc = [[t.v.zero(); NR]; MR];
+    let mut l = 0;
+    while l < full {
+        // SAFETY: l + 64 <= full <= len; every weight row has `len` codes and every x row
+        // `len` rounded up to 64 values from its pointer (asserted above).
+        unsafe { step_bytes::<MR, NR>(t, &xp, &wp, l, &mut acc) };
+        l += BYTES_STEP;
+    }
+    if full < len {
+        // The codes are zero-padded on the stack (the zero code is +0 in every fp8 format); x's
+        // rows are zero-padded already.
+        let mut wt = [[W::zeroed(); BYTES_STEP]; NR];
+        for r in 0..NR {
+            wt[r][..len - full].copy_from_slice(&w[r][c0 + full..c1]);
+            wp[r] = wt[r].as_ptr().cast();
+        }
+        for q in 0..MR {
+            // SAFETY: `full` < len <= the row's length from xp[q].
+            xp[q] = unsafe { xp[q].add(full) };
+        }
+        // SAFETY: the padded codes are 64 bytes; the x rows hold 64 more values from xp[q].
+        unsafe { step_bytes::<MR, NR>(t, &xp, &wp, 0, &mut acc) };
+    }
+    let mut sums = [[0.0f32; NR]; MR];
+    for q in 0..MR {
+        for r in 0..NR {
+            sums[q][r] = t.v.hsum(acc[q][r]);
+        }
+    }
+    if t.nan_lost {
+        // As in `tile`: the tables widened this format's NaN code to -0.
+        for r in 0..NR {
+            if W::any_nan(&w[r][c0..c1]) {
+                for row in sums.iter_mut() {
+                    row[r] = f32::NAN;
+                }
+            }
+        }
+    }
+    sums
+}
+
+/// One step of [`tile_bytes`]: 64 columns of every row, each weight row widened once.
+///
+/// # Safety
+/// 64 codes must be readable at offset `l` of every weight pointer and 64 f32s at offset `l` of
+/// every x pointer.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+unsafe fn step_bytes<const MR: usize, const NR: usize>(
+    t: BytesTiler,
+    xp: &[*const f32; MR],
+    wp: &[*const u8; NR],
+    l: usize,
+    acc: &mut [[<Avx512 as Vector>::F; NR]; MR],
+) {
+    for r in 0..NR {
+        // SAFETY: the caller guarantees 64 readable codes.
+        let f = unsafe { t.b.widen64(&t.regs, wp[r].add(l)) };
+        for q in 0..MR {
+            for (i, &fv) in f.iter().enumerate() {
+                // SAFETY: the caller guarantees 64 readable f32s; 16 * i + 16 <= 64.
+                let xv = unsafe { t.v.load(xp[q].add(l + 16 * i)) };
+                acc[q][r] = t.v.fma(fv, xv, acc[q][r]);
+            }
+        }
+    }
+}
+
+/// A task of a linear layer through [`tile_bytes`].
+#[cfg(target_arch = "x86_64")]
+struct BytesTask<'a, W, Y> {
+    task: LinearTask<'a, W, Y>,
+    bytes: &'static Fp8Bytes,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl<W: Elem, Y: Float> VbmiKernel for BytesTask<'_, W, Y> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run(self, v: Avx512, b: Vbmi) {
+        let tiler = BytesTiler { v, b, regs: b.regs(self.bytes), nan_lost: self.bytes.nan_lost };
+        if self.task.m == 1 {
+            task::<W, Y, _, 1, GEMV_ROWS>(tiler, &self.task);
+        } else {
+            task::<W, Y, _, GEMM_X_ROWS_WIDE, GEMM_W_ROWS>(tiler, &self.task);
+        }
+    }
+}
+
+/// x's `m` rows of `k` columns in the layout of [`Vbmi::widen64`]: rows of `k` rounded up to
+/// 64, each block of 64 permuted by [`x64_column`], the padding zero.
+#[cfg(target_arch = "x86_64")]
+fn permute_x64(x: &[f32], m: usize, k: usize, out: &mut [f32]) {
+    const COLUMN: [usize; BYTES_STEP] = {
+        let mut c = [0; BYTES_STEP];
+        let mut i = 0;
+        while i < BYTES_STEP {
+            c[i] = x64_column(i);
+            i += 1;
+        }
+        c
+    };
+    let kp = k.next_multiple_of(BYTES_STEP);
+    assert!(x.len() >= m * k && out.len() >= m * kp);
+    for (src, dst) in x.chunks_exact(k.max(1)).zip(out.chunks_exact_mut(kp.max(1))).take(m) {
+        for (b, block) in dst.chunks_exact_mut(BYTES_STEP).enumerate() {
+            for (d, &c) in block.iter_mut().zip(&COLUMN) {
+                *d = src.get(b * BYTES_STEP + c).copied().unwrap_or(0.0);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Entry points
 
 pub(crate) fn linear(
@@ -445,10 +652,32 @@ fn linear_wy<W: Elem, Y: Float>(
     let p = plan(d, fast.threads, x_tile(d.m, lanes), if d.m == 1 { GEMV_ROWS } else { GEMM_W_ROWS });
     let out = OutPtr { ptr: y.as_mut_ptr(), len: y.len(), cols: d.n };
     let simd = fast.simd;
+    #[cfg(target_arch = "x86_64")]
+    if let (Some((v, b)), Some(bytes)) = (simd.vbmi(), W::BYTES)
+        && match scale {
+            Scale::Block { cols, .. } => cols.is_multiple_of(BYTES_STEP),
+            _ => true,
+        }
+    {
+        let kp = d.k.next_multiple_of(BYTES_STEP);
+        with_scratch(&X_PERMUTED, d.m * kp, 0.0, |xp| {
+            permute_x64(x, d.m, d.k, xp);
+            let xp: &[f32] = xp;
+            fast.for_each_task(p.tasks, d.m * d.n * d.k, |t| {
+                let j0 = t * p.rows_per_task;
+                let j1 = d.n.min(j0 + p.rows_per_task);
+                let (x_block, k) = (p.x_block, d.k);
+                let task = LinearTask { x: xp, x_stride: kp, m: d.m, k, w, scale, x_block, j0, j1, y: out };
+                run_vbmi(v, b, BytesTask { task, bytes });
+            });
+        });
+        return;
+    }
     fast.for_each_task(p.tasks, d.m * d.n * d.k, |t| {
         let j0 = t * p.rows_per_task;
         let j1 = d.n.min(j0 + p.rows_per_task);
-        let task = LinearTask { x, m: d.m, k: d.k, w, scale, x_block: p.x_block, j0, j1, y: out };
+        let task =
+            LinearTask { x, x_stride: d.k, m: d.m, k: d.k, w, scale, x_block: p.x_block, j0, j1, y: out };
         simd.run(task);
     });
 }
@@ -621,6 +850,7 @@ mod tests {
             ScaleKind::PerChannel(DType::BF16),
             ScaleKind::Block(128, 128, DType::F32),
             ScaleKind::Block(3, 5, DType::BF16),
+            ScaleKind::Block(2, 64, DType::BF16),
             ScaleKind::Block(1, 17, DType::F32),
             ScaleKind::Block(2, 1, DType::F32),
         ];
@@ -669,10 +899,11 @@ mod tests {
                 (DType::F8E5M2, 0x7e),
                 (DType::F8E5M2Fnuz, 0x80),
             ] {
-                let (n, k) = (6, 37);
+                // k = 101: whole vectors of 16 and of 64 columns, then a tail of either.
+                let (n, k) = (6, 101);
                 let mut codes = vec![0x38u8; n * k];
                 codes[2 * k + 20] = nan_code; // row 2, vector part
-                codes[4 * k + 36] = nan_code; // row 4, tail
+                codes[4 * k + 100] = nan_code; // row 4, tail
                 let w = Linear::plain(fast.upload(wt, &[n, k], &codes).unwrap());
                 let x = fast.upload_f32(DType::F32, &[1, k], &vec![0.25; k]).unwrap();
                 let mut y = fast.alloc(DType::F32, &[1, n]).unwrap();

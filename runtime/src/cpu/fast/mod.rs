@@ -3,12 +3,14 @@
 //! Same semantics as `cpu::Reference` (each op's math is documented in `ops.rs`), computed with
 //! f32 accumulation in vector registers on a rayon pool the backend owns:
 //! - `linear.rs`: GEMV/GEMM over output rows, weights of every float type widened in registers
-//!   (fp8 through f16 bit tricks), several weight rows per tile sharing each load of x.
+//!   (fp8 through f16 bit tricks, or byte tables on CPUs with AVX-512 VBMI), several weight rows
+//!   per tile sharing each load of x.
 //! - `attention.rs`: KV-cache store and causal grouped-query attention (online softmax), one task
 //!   per (row, kv head).
 //! - `misc.rs`: the elementwise and per-row ops, embedding, routing, argmax and sampling.
-//! - `simd.rs`: the vector types (AVX-512, AVX2+FMA+F16C, portable), the widening loads and the
-//!   `#[target_feature]` dispatch. The instruction set is detected when the backend is made.
+//! - `simd.rs`: the vector types (AVX-512, AVX2+FMA+F16C, portable), the widening loads, the fp8
+//!   byte tables (AVX-512 VBMI) and the `#[target_feature]` dispatch. The instruction set is
+//!   detected when the backend is made.
 //!
 //! Data-dependent checks (token ids, slots, positions, gather indices) run over every row before
 //! anything is written. Nothing allocates per call on the hot path: per-thread scratch buffers are
@@ -70,8 +72,8 @@ impl Fast {
     }
 
     /// A backend with a pool of `threads` workers and the named instruction set (one of
-    /// [`Fast::simd_available`]: `avx512`, `avx2`, `portable`). For tests and benches that compare
-    /// the kernels of each instruction set.
+    /// [`Fast::simd_available`]: `avx512vbmi`, `avx512`, `avx2`, `portable`). For tests and
+    /// benches that compare the kernels of each instruction set.
     pub fn with_simd(threads: usize, simd: &str) -> Result<Fast> {
         let level = Simd::from_name(simd).ok_or_else(|| Error::Unsupported {
             backend: "cpu",
@@ -149,6 +151,9 @@ impl Fast {
 thread_local! {
     /// Inputs widened on the calling thread (the x of a linear layer).
     static INPUT_F32: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    /// x of a linear layer permuted for the fp8 byte-table kernel (`linear.rs`).
+    #[cfg(target_arch = "x86_64")]
+    static X_PERMUTED: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
     /// Per-task scratch on the worker threads (attention scores, rope angles).
     static TASK_F32: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
     /// Per-row f64 scratch (router and sampling probabilities).

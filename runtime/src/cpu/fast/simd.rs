@@ -23,6 +23,12 @@
 //!   with `Elem::any_nan` (a byte fold the compiler vectorises) and makes that row's result NaN,
 //!   which is what a NaN weight does to a dot product.
 //!
+//! fp8 weights have a second widening on CPUs with AVX-512 VBMI (Ice Lake, Sapphire Rapids,
+//! Zen 4 and later): [`Fp8Bytes`] holds each format as two 128-byte tables and
+//! [`Vbmi::widen64`] turns 64 codes into four f32 vectors, exactly, in a column order callers
+//! match by permuting x ([`x64_column`]). It is its own level, `avx512vbmi`, so tests and benches
+//! can hold it against `avx512` on the same CPU.
+//!
 //! The x86 token types can only be made after runtime feature detection, so their methods may
 //! call the intrinsics: a token's existence proves the CPU has the features. A kernel is a
 //! [`Kernel`] whose `#[inline(always)] run::<V>` is generic over the vector type; [`Simd::run`]
@@ -46,6 +52,10 @@ pub(crate) const MAX_LANES: usize = 16;
 /// it. Made only by [`Simd::detect`] / [`Simd::from_name`], which check the CPU.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Simd {
+    /// [`Simd::Avx512`] plus AVX-512 VBMI: the same vector kernels, except that the linear
+    /// layers widen fp8 weights 64 at a time through byte tables ([`Vbmi::widen64`]).
+    #[cfg(target_arch = "x86_64")]
+    Avx512Vbmi(Avx512, Vbmi),
     /// AVX-512 F/BW/VL with AVX2, FMA and F16C: 16 f32 lanes.
     #[cfg(target_arch = "x86_64")]
     Avx512(Avx512),
@@ -57,11 +67,13 @@ pub(crate) enum Simd {
 }
 
 /// Names of the instruction sets, best first.
-pub(crate) const SIMD_NAMES: [&str; 3] = ["avx512", "avx2", "portable"];
+pub(crate) const SIMD_NAMES: [&str; 4] = ["avx512vbmi", "avx512", "avx2", "portable"];
 
 impl Simd {
     pub(crate) fn name(self) -> &'static str {
         match self {
+            #[cfg(target_arch = "x86_64")]
+            Simd::Avx512Vbmi(..) => "avx512vbmi",
             #[cfg(target_arch = "x86_64")]
             Simd::Avx512(_) => "avx512",
             #[cfg(target_arch = "x86_64")]
@@ -73,6 +85,8 @@ impl Simd {
     /// The named instruction set, if this CPU has it.
     pub(crate) fn from_name(name: &str) -> Option<Simd> {
         match name {
+            #[cfg(target_arch = "x86_64")]
+            "avx512vbmi" => Vbmi::detect().map(|(v, b)| Simd::Avx512Vbmi(v, b)),
             #[cfg(target_arch = "x86_64")]
             "avx512" => Avx512::detect().map(Simd::Avx512),
             #[cfg(target_arch = "x86_64")]
@@ -96,7 +110,7 @@ impl Simd {
     pub(crate) fn lanes(self) -> usize {
         match self {
             #[cfg(target_arch = "x86_64")]
-            Simd::Avx512(_) => 16,
+            Simd::Avx512Vbmi(..) | Simd::Avx512(_) => 16,
             #[cfg(target_arch = "x86_64")]
             Simd::Avx2(_) => 8,
             Simd::Portable => 8,
@@ -107,6 +121,16 @@ impl Simd {
     #[inline]
     pub(crate) fn run<K: Kernel>(self, k: K) -> K::Output {
         match self {
+            #[cfg(target_arch = "x86_64")]
+            Simd::Avx512Vbmi(v, _) => {
+                #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+                fn go<K: Kernel>(v: Avx512, k: K) -> K::Output {
+                    k.run(v)
+                }
+                // SAFETY: the `Avx512` and `Vbmi` tokens exist only if the CPU has every enabled
+                // feature.
+                unsafe { go(v, k) }
+            }
             #[cfg(target_arch = "x86_64")]
             Simd::Avx512(v) => {
                 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
@@ -128,6 +152,27 @@ impl Simd {
             Simd::Portable => k.run(Portable),
         }
     }
+
+    /// The tokens of [`Simd::Avx512Vbmi`], for [`run_vbmi`]; `None` at the other levels.
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn vbmi(self) -> Option<(Avx512, Vbmi)> {
+        match self {
+            Simd::Avx512Vbmi(v, b) => Some((v, b)),
+            _ => None,
+        }
+    }
+}
+
+/// Runs `k` compiled for AVX-512 with VBMI (the tokens prove the CPU has them).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub(crate) fn run_vbmi<K: VbmiKernel>(v: Avx512, b: Vbmi, k: K) -> K::Output {
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+    fn go<K: VbmiKernel>(v: Avx512, b: Vbmi, k: K) -> K::Output {
+        k.run(v, b)
+    }
+    // SAFETY: the `Avx512` and `Vbmi` tokens exist only if the CPU has every enabled feature.
+    unsafe { go(v, b, k) }
 }
 
 /// A kernel generic over the vector type, run through [`Simd::run`]. `run` must be
@@ -135,6 +180,14 @@ impl Simd {
 pub(crate) trait Kernel {
     type Output;
     fn run<V: Vector>(self, v: V) -> Self::Output;
+}
+
+/// A kernel for AVX-512 with VBMI, run through [`run_vbmi`]; `run` must be
+/// `#[inline(always)]`, as [`Kernel::run`].
+#[cfg(target_arch = "x86_64")]
+pub(crate) trait VbmiKernel {
+    type Output;
+    fn run(self, v: Avx512, b: Vbmi) -> Self::Output;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -186,6 +239,8 @@ pub(crate) trait Elem: Float {
         let _ = codes;
         false
     }
+    /// The byte tables of an fp8 format, for [`Vbmi::widen64`]; `None` for the other types.
+    const BYTES: Option<&'static Fp8Bytes> = None;
     /// 16 elements, divided by `POST`.
     /// # Safety
     /// `p .. p + 16` must be readable.
@@ -257,6 +312,44 @@ static E4M3FNUZ_BITS: [u32; 256] = fp8_table(3, 8, Fp8Kind::Fnuz);
 static E5M2_BITS: [u32; 256] = fp8_table(2, 15, Fp8Kind::Ieee);
 static E5M2FNUZ_BITS: [u32; 256] = fp8_table(2, 16, Fp8Kind::Fnuz);
 
+/// An fp8 format as two byte tables over the seven magnitude bits of a code. Every fp8 value is
+/// an f32 whose low 16 bits are zero, so a code's f32 is two bytes: `hi[c & 0x7f] | (c & 0x80)`
+/// (sign and top seven exponent bits) and `lo[c & 0x7f]` (the last exponent bit and the top seven
+/// mantissa bits). `vpermi2b` looks up 64 codes in a 128-byte table in one instruction and
+/// ignores the index's top bit, which is exactly the sign.
+pub(crate) struct Fp8Bytes {
+    pub(crate) hi: [u8; 128],
+    pub(crate) lo: [u8; 128],
+    /// Whether a code with the sign bit set can be NaN while its magnitude code is not (the fnuz
+    /// formats' 0x80, widened to -0 by the tables): then callers must check [`Elem::any_nan`].
+    /// For the other formats a negative code is exactly the negated magnitude, NaN included.
+    pub(crate) nan_lost: bool,
+}
+
+const fn fp8_bytes(bits: [u32; 256]) -> Fp8Bytes {
+    let mut b = Fp8Bytes { hi: [0; 128], lo: [0; 128], nan_lost: false };
+    let mut c = 0;
+    while c < 128 {
+        let (pos, neg) = (bits[c], bits[c + 128]);
+        assert!(pos & 0x8000_ffff == 0, "an fp8 value is a positive f32 with 16 zero low bits");
+        b.hi[c] = (pos >> 24) as u8;
+        b.lo[c] = (pos >> 16) as u8;
+        let neg_nan = neg & 0x7fff_ffff > 0x7f80_0000;
+        let pos_nan = pos > 0x7f80_0000;
+        if neg != pos | 0x8000_0000 && !(neg_nan && pos_nan) {
+            assert!(neg_nan, "only a NaN code may differ from its negated magnitude");
+            b.nan_lost = true;
+        }
+        c += 1;
+    }
+    b
+}
+
+const E4M3FN_BYTES: Fp8Bytes = fp8_bytes(fp8_table(3, 7, Fp8Kind::Fn));
+const E4M3FNUZ_BYTES: Fp8Bytes = fp8_bytes(fp8_table(3, 8, Fp8Kind::Fnuz));
+const E5M2_BYTES: Fp8Bytes = fp8_bytes(fp8_table(2, 15, Fp8Kind::Ieee));
+const E5M2FNUZ_BYTES: Fp8Bytes = fp8_bytes(fp8_table(2, 16, Fp8Kind::Fnuz));
+
 // ---------------------------------------------------------------------------------------------
 // Element types
 
@@ -306,9 +399,10 @@ impl Elem for f16 {
 }
 
 macro_rules! fp8_elem {
-    ($t:ty, $table:ident, $post:expr $(, nan: |$c:ident| $fold:expr)?) => {
+    ($t:ty, $table:ident, $bytes:ident, $post:expr $(, nan: |$c:ident| $fold:expr)?) => {
         impl Elem for $t {
             const POST: f32 = $post;
+            const BYTES: Option<&'static Fp8Bytes> = Some(&$bytes);
             #[inline(always)]
             fn widen(self) -> f32 {
                 f32::from_bits($table[self.0 as usize])
@@ -329,12 +423,12 @@ macro_rules! fp8_elem {
     };
 }
 // NaN = S.1111.111: the low seven bits all set.
-fp8_elem!(F8E4M3Fn, E4M3FN_BITS, 256.0, nan: |c| ((c & 0x7f) == 0x7f) as u8);
+fp8_elem!(F8E4M3Fn, E4M3FN_BITS, E4M3FN_BYTES, 256.0, nan: |c| ((c & 0x7f) == 0x7f) as u8);
 // NaN = 0x80 (the code negative zero would have).
-fp8_elem!(F8E4M3Fnuz, E4M3FNUZ_BITS, 128.0, nan: |c| (c == 0x80) as u8);
+fp8_elem!(F8E4M3Fnuz, E4M3FNUZ_BITS, E4M3FNUZ_BYTES, 128.0, nan: |c| (c == 0x80) as u8);
 // Widened exactly, NaN and infinities included (the top byte of an f16).
-fp8_elem!(F8E5M2, E5M2_BITS, 1.0);
-fp8_elem!(F8E5M2Fnuz, E5M2FNUZ_BITS, 1.0, nan: |c| (c == 0x80) as u8);
+fp8_elem!(F8E5M2, E5M2_BITS, E5M2_BYTES, 1.0);
+fp8_elem!(F8E5M2Fnuz, E5M2FNUZ_BITS, E5M2FNUZ_BYTES, 1.0, nan: |c| (c == 0x80) as u8);
 
 // ---------------------------------------------------------------------------------------------
 // Portable
@@ -394,7 +488,20 @@ impl Vector for Portable {
 // x86-64
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use x86::{Avx2, Avx512};
+pub(crate) use x86::{Avx2, Avx512, Fp8Regs, Vbmi};
+
+/// The x column (within a block of 64) that lane `i % 16` of vector `i / 16` of
+/// [`Vbmi::widen64`] holds: the unpacks interleave bytes within 128-bit lanes and each 32-bit
+/// lane holds two words, the odd column in its top half. Callers permute x the same way once, so
+/// the weights never move.
+#[cfg(target_arch = "x86_64")]
+pub(crate) const fn x64_column(i: usize) -> usize {
+    let (v, t) = (i / 16, i % 16);
+    let (lane, pair) = (t / 4, t % 4);
+    // Vectors 0 and 1: the unpack of bytes 0..8 of each 128-bit lane; 2 and 3: bytes 8..16.
+    // Vectors 0 and 2: the top word of each pair (odd column); 1 and 3: the bottom word.
+    16 * lane + 8 * (v / 2) + 2 * pair + (1 - v % 2)
+}
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -403,7 +510,7 @@ mod x86 {
 
     use half::{bf16, f16};
 
-    use super::{Elem, Vector};
+    use super::{Elem, Fp8Bytes, Vector};
     use crate::{F8E4M3Fn, F8E4M3Fnuz, F8E5M2, F8E5M2Fnuz};
 
     /// AVX-512 F/BW/VL + AVX2 + FMA + F16C. Only made by [`Avx512::detect`].
@@ -413,6 +520,69 @@ mod x86 {
     /// AVX2 + FMA + F16C. Only made by [`Avx2::detect`].
     #[derive(Clone, Copy, Debug)]
     pub(crate) struct Avx2(());
+
+    /// AVX-512 VBMI (`vpermi2b`), on a CPU that also has everything [`Avx512`] needs. Only made
+    /// by [`Vbmi::detect`].
+    #[derive(Clone, Copy, Debug)]
+    pub(crate) struct Vbmi(());
+
+    impl Vbmi {
+        pub(crate) fn detect() -> Option<(Avx512, Vbmi)> {
+            let v = Avx512::detect()?;
+            is_x86_feature_detected!("avx512vbmi").then_some((v, Vbmi(())))
+        }
+    }
+
+    /// An fp8 format's byte tables and masks, in registers for [`Vbmi::widen64`].
+    #[derive(Clone, Copy)]
+    pub(crate) struct Fp8Regs {
+        hi: [__m512i; 2],
+        lo: [__m512i; 2],
+    }
+
+    impl Vbmi {
+        #[inline(always)]
+        pub(crate) fn regs(self, t: &Fp8Bytes) -> Fp8Regs {
+            // SAFETY: the token proves AVX-512F; each table is 128 bytes, read as two 64-byte
+            // halves. (No closure: it would not be compiled with the caller's features.)
+            unsafe {
+                let (hi, lo) = (t.hi.as_ptr(), t.lo.as_ptr());
+                Fp8Regs {
+                    hi: [_mm512_loadu_si512(hi.cast()), _mm512_loadu_si512(hi.add(64).cast())],
+                    lo: [_mm512_loadu_si512(lo.cast()), _mm512_loadu_si512(lo.add(64).cast())],
+                }
+            }
+        }
+
+        /// The 64 fp8 codes at `p`, exactly, as four vectors of 16 f32; lane `i % 16` of
+        /// vector `i / 16` holds column [`super::x64_column`]`(i)` (NaN codes as
+        /// [`Fp8Bytes::nan_lost`] says). Two table lookups give each code's top two bytes, the sign
+        /// is or-ed in, the byte unpacks pair them into words, and a mask and a shift make each
+        /// 32-bit lane's two words two f32: 9 instructions for 64 codes, no conversions.
+        ///
+        /// # Safety
+        /// `p .. p + 64` must be readable.
+        #[inline(always)]
+        pub(crate) unsafe fn widen64(self, r: &Fp8Regs, p: *const u8) -> [__m512; 4] {
+            // SAFETY: the token proves AVX-512F/BW/VBMI; the caller guarantees 64 readable bytes.
+            unsafe {
+                let c = _mm512_loadu_si512(p.cast());
+                let hi = _mm512_permutex2var_epi8(r.hi[0], c, r.hi[1]);
+                // hi | (c & 0x80): ternary-logic truth table A | (B & C).
+                let hi = _mm512_ternarylogic_epi32::<0xf8>(hi, c, _mm512_set1_epi8(0x80u8 as i8));
+                let lo = _mm512_permutex2var_epi8(r.lo[0], c, r.lo[1]);
+                let w0 = _mm512_unpacklo_epi8(lo, hi);
+                let w1 = _mm512_unpackhi_epi8(lo, hi);
+                let top = _mm512_set1_epi32(0xffff_0000u32 as i32);
+                [
+                    _mm512_castsi512_ps(_mm512_and_si512(w0, top)),
+                    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(w0)),
+                    _mm512_castsi512_ps(_mm512_and_si512(w1, top)),
+                    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(w1)),
+                ]
+            }
+        }
+    }
 
     impl Avx512 {
         pub(crate) fn detect() -> Option<Avx512> {
@@ -788,6 +958,66 @@ mod tests {
         check_vector_widening(&codes.iter().map(|&c| F8E4M3Fnuz(c)).collect::<Vec<_>>());
         check_vector_widening(&codes.iter().map(|&c| F8E5M2(c)).collect::<Vec<_>>());
         check_vector_widening(&codes.iter().map(|&c| F8E5M2Fnuz(c)).collect::<Vec<_>>());
+    }
+
+    /// `widen64` over all 256 codes of each format, as four blocks of 64: every lane holds the
+    /// exact value of the column `x64_column` names, bit for bit, but the NaN codes the tables
+    /// lose (`nan_lost`), which `any_nan` must see.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn fp8_byte_tables_all_codes() {
+        struct Widen<'a> {
+            codes: &'a [u8; 256],
+            bytes: &'a Fp8Bytes,
+            out: &'a mut [f32; 256],
+        }
+        impl VbmiKernel for Widen<'_> {
+            type Output = ();
+            #[inline(always)]
+            fn run(self, v: Avx512, b: Vbmi) {
+                let regs = b.regs(self.bytes);
+                for (c, o) in self.codes.chunks_exact(64).zip(self.out.chunks_exact_mut(64)) {
+                    // SAFETY: 64 codes in, 4 x 16 f32 out.
+                    let f = unsafe { b.widen64(&regs, c.as_ptr()) };
+                    for (i, f) in f.into_iter().enumerate() {
+                        // SAFETY: o holds 64 f32s.
+                        unsafe { v.store(o[16 * i..].as_mut_ptr(), f) };
+                    }
+                }
+            }
+        }
+        fn each<W: Elem>(make: fn(u8) -> W, nan_lost: bool) {
+            let bytes = W::BYTES.expect("an fp8 format has byte tables");
+            assert_eq!(bytes.nan_lost, nan_lost);
+            let Some((v, b)) = Simd::from_name("avx512vbmi").and_then(Simd::vbmi) else {
+                return eprintln!("no AVX-512 VBMI on this CPU: only the tables were checked");
+            };
+            // Codes in a scrambled order, so a lane that read the wrong column shows.
+            let codes: [u8; 256] = std::array::from_fn(|i| (i as u8).wrapping_mul(167).wrapping_add(13));
+            let mut out = [f32::NAN; 256];
+            run_vbmi(v, b, Widen { codes: &codes, bytes, out: &mut out });
+            for (i, &o) in out.iter().enumerate() {
+                let c = make(codes[i / 64 * 64 + x64_column(i % 64)]);
+                let want = c.widen();
+                if want.is_nan() && bytes.nan_lost && !o.is_nan() {
+                    assert!(
+                        W::any_nan(std::slice::from_ref(&c)),
+                        "{c:?} widens to {o} and any_nan misses it"
+                    );
+                    continue;
+                }
+                assert!(same(o, want), "{c:?} at lane {i}: {o} vs {want}");
+            }
+        }
+        each(F8E4M3Fn, false);
+        each(F8E4M3Fnuz, true);
+        each(F8E5M2, false);
+        each(F8E5M2Fnuz, true);
+        let mut seen = [false; 64];
+        for i in 0..64 {
+            seen[x64_column(i)] = true;
+        }
+        assert!(seen.iter().all(|&s| s), "x64_column is a permutation of 0..64");
     }
 
     #[test]
