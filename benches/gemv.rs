@@ -4,7 +4,9 @@
 //! 2. GEMV (`y[1, n] = x[1, k] . W[n, k]^T`, f32 activations) through the `Backend` trait on the
 //!    default backend, at the Llama 3.1 8B layer shapes, weights bf16 (no scale) and e4m3fn with
 //!    per-channel f32 scales. Each shape rotates over enough copies of its weight (and scales) to
-//!    fill the same working set, so every call reads its weight from memory, not from cache;
+//!    fill the same working set, so every call reads its weight from memory, not from cache.
+//!    Where the default level is `avx512vbmi` (fp8 widened through byte tables), e4m3fn at the
+//!    down_proj shape runs once more on the `avx512` level (f16 widening), for the ratio;
 //! 3. one line per shape and dtype comparing the two, like with like: the GEMV figure is its best
 //!    full rotation (every copy once: at least the working set streamed, timed here call by call
 //!    in the same loop criterion times), the read peak is the best read pass (the working set
@@ -47,6 +49,8 @@ const READ_PASSES_BETWEEN: usize = 5;
 
 /// What the summary needs from one GEMV benchmark.
 struct GemvRun {
+    /// The fast backend's instruction set when it is not the default's (the comparison run).
+    level: Option<&'static str>,
     dtype: DType,
     n: usize,
     k: usize,
@@ -102,8 +106,17 @@ fn main() {
     for dtype in WEIGHT_DTYPES {
         for (n, k) in SHAPES {
             ceiling.sample_read(READ_PASSES_BETWEEN);
-            runs.push(bench_gemv(&mut c, &backend, dtype, n, k, working_set));
+            runs.push(bench_gemv(&mut c, &backend, None, dtype, n, k, working_set));
         }
+    }
+    // Where the default widens fp8 through byte tables, the widening it replaced, at one shape
+    // (down_proj), for a like-for-like ratio in this run.
+    if backend.simd() == "avx512vbmi" {
+        let level = "avx512";
+        let other = memwall::runtime::cpu::Fast::with_simd(backend.threads(), level).expect("avx512 level");
+        let (n, k) = SHAPES[3];
+        ceiling.sample_read(READ_PASSES_BETWEEN);
+        runs.push(bench_gemv(&mut c, &other, Some(level), DType::F8E4M3Fn, n, k, working_set));
     }
     ceiling.sample_read(READ_PASSES_BETWEEN);
     c.final_summary();
@@ -127,10 +140,11 @@ fn main() {
         let achieved = peak::gb_per_s(run.bytes_per_call * run.copies as u64, rotation);
         let pct = 100.0 * achieved / read.best;
         println!(
-            "gemv {} {}x{}: {achieved:.1} GB/s = {pct:.1}% of measured read peak {:.1} GB/s{}",
+            "gemv {} {}x{}{}: {achieved:.1} GB/s = {pct:.1}% of measured read peak {:.1} GB/s{}",
             run.dtype.name(),
             run.n,
             run.k,
+            run.level.map_or(String::new(), |l| format!(" on {l}")),
             read.best,
             run.median_rotation().map_or(String::new(), |m| {
                 let median = peak::gb_per_s(run.bytes_per_call * run.copies as u64, m);
@@ -145,6 +159,20 @@ fn main() {
             println!(
                 "  warning: above the read peak: weights from cache, or a read kernel below the ceiling"
             );
+        }
+        // The comparison run against the default's run of the same dtype and shape.
+        let same = |r: &&GemvRun| r.level.is_none() && (r.dtype, r.n, r.k) == (run.dtype, run.n, run.k);
+        if let (Some(level), Some(default)) = (run.level, runs.iter().find(same)) {
+            let ours = default
+                .best_rotation()
+                .map(|t| peak::gb_per_s(default.bytes_per_call * default.copies as u64, t));
+            if let Some(ours) = ours {
+                println!(
+                    "  fp8 widening: byte tables ({}) {ours:.1} GB/s = {:.2}x the f16 path ({level}) at this shape",
+                    backend.simd(),
+                    ours / achieved
+                );
+            }
         }
     }
     println!("bench wall time: {:.1} s", started.elapsed().as_secs_f64());
@@ -256,6 +284,7 @@ struct GemvSetup {
 fn bench_gemv<B: Backend<Storage = HostStorage>>(
     c: &mut Criterion,
     backend: &B,
+    level: Option<&'static str>,
     dtype: DType,
     n: usize,
     k: usize,
@@ -267,7 +296,8 @@ fn bench_gemv<B: Backend<Storage = HostStorage>>(
     let weight_bytes = (n * k * dtype.size()) as u64 + scale.bytes(n, k).expect("scale bytes");
     let copies = usize::try_from(working_set.div_ceil(weight_bytes).max(2)).expect("copies fit usize");
 
-    let mut group = c.benchmark_group(format!("gemv_{}", dtype.name()));
+    let level_suffix = level.map_or(String::new(), |l| format!("_{l}"));
+    let mut group = c.benchmark_group(format!("gemv_{}{level_suffix}", dtype.name()));
     group.throughput(Throughput::BytesDecimal(bytes_per_call));
     let mut calls = Vec::new();
     // Built on the first call, so a benchmark filtered out on the command line costs nothing;
@@ -302,7 +332,7 @@ fn bench_gemv<B: Backend<Storage = HostStorage>>(
         })
     });
     group.finish();
-    let run = GemvRun { dtype, n, k, bytes_per_call, copies, calls };
+    let run = GemvRun { level, dtype, n, k, bytes_per_call, copies, calls };
     if let Some(median) = median(&run.calls) {
         println!(
             "  ({copies} copies of {:.1} MB = {:.2} GB rotated, filled in {:.1} s; {} calls timed, median \

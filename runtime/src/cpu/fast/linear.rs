@@ -15,14 +15,17 @@
 //!   loads are exact multiples `1 / POST` of the stored value, and POST is applied with the scale
 //!   after the reduction. For the fp8 formats whose NaN codes load as finite values, each tile
 //!   scans its rows' codes once afterwards (from cache) and makes those rows NaN.
-//! - fp8 weights on AVX-512 VBMI (`Simd::Avx512Vbmi`): the same tiles, but each step widens 64
-//!   codes of a row into four f32 vectors with two `vpermi2b` table lookups and five integer ops
-//!   (`Vbmi::widen64`), about half the instructions of four `load_elem`s (whose `vcvtph2ps` is two
-//!   uops each); the fp8 GEMV was bound by that widening, not by memory. The lookups leave the
-//!   columns interleaved within each block of 64, so x is permuted the same way once per call
-//!   (`permute_x64`, zero-padded to a multiple of 64) and the weights are still read in place.
-//!   Block scales need blocks of a multiple of 64 columns here (128 in every published
-//!   checkpoint); other widths take the vector path.
+//! - fp8 GEMV on AVX-512 VBMI (`Simd::Avx512Vbmi`): the same tiles, but each step widens 64
+//!   codes of a row into four f32 vectors with two `vpermi2b` table lookups and seven integer
+//!   ops (`Vbmi::widen64`): 9 instructions where four `load_elem`s take 16 (two of them
+//!   `vcvtph2ps`, two uops each), and e4m3fn's NaN codes stay NaN, so its NaN scan goes. The fp8
+//!   GEMV was bound by the widening, not by memory (README, Benchmarks: 1.4-1.8x on one core in
+//!   cache, 1.07-1.24x on two from memory). The lookups leave the columns interleaved within each
+//!   block of 64, so x is permuted the same way once per call (`permute_x64`, zero-padded to a
+//!   multiple of 64) and the weights are still read in place. Block scales need blocks of a
+//!   multiple of 64 columns here (128 in every published checkpoint); other widths take the
+//!   vector path. GEMMs keep the vector path: at 4 x rows the widening is shared by the rows and
+//!   the two paths measured the same (FMA-bound).
 //! - GEMM (m > 1): an `MR x NR` tile of x rows by weight rows. x is cut into blocks of rows that
 //!   fit in L2 (`X_BLOCK_BYTES`); for each block a task walks its weight rows once, so each weight
 //!   row is read from memory once per block of x rows (once for a whole prompt of a few dozen
@@ -554,11 +557,7 @@ impl<W: Elem, Y: Float> VbmiKernel for BytesTask<'_, W, Y> {
     #[inline(always)]
     fn run(self, v: Avx512, b: Vbmi) {
         let tiler = BytesTiler { v, b, regs: b.regs(self.bytes), nan_lost: self.bytes.nan_lost };
-        if self.task.m == 1 {
-            task::<W, Y, _, 1, GEMV_ROWS>(tiler, &self.task);
-        } else {
-            task::<W, Y, _, GEMM_X_ROWS_WIDE, GEMM_W_ROWS>(tiler, &self.task);
-        }
+        task::<W, Y, _, 1, GEMV_ROWS>(tiler, &self.task);
     }
 }
 
@@ -579,8 +578,15 @@ fn permute_x64(x: &[f32], m: usize, k: usize, out: &mut [f32]) {
     assert!(x.len() >= m * k && out.len() >= m * kp);
     for (src, dst) in x.chunks_exact(k.max(1)).zip(out.chunks_exact_mut(kp.max(1))).take(m) {
         for (b, block) in dst.chunks_exact_mut(BYTES_STEP).enumerate() {
-            for (d, &c) in block.iter_mut().zip(&COLUMN) {
-                *d = src.get(b * BYTES_STEP + c).copied().unwrap_or(0.0);
+            let src = &src[b * BYTES_STEP..];
+            if let Some(src) = src.first_chunk::<BYTES_STEP>() {
+                for (d, &c) in block.iter_mut().zip(&COLUMN) {
+                    *d = src[c];
+                }
+            } else {
+                for (d, &c) in block.iter_mut().zip(&COLUMN) {
+                    *d = src.get(c).copied().unwrap_or(0.0);
+                }
             }
         }
     }
@@ -654,6 +660,7 @@ fn linear_wy<W: Elem, Y: Float>(
     let simd = fast.simd;
     #[cfg(target_arch = "x86_64")]
     if let (Some((v, b)), Some(bytes)) = (simd.vbmi(), W::BYTES)
+        && d.m == 1
         && match scale {
             Scale::Block { cols, .. } => cols.is_multiple_of(BYTES_STEP),
             _ => true,
