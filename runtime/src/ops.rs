@@ -79,7 +79,7 @@ impl<S> Copy for Expert<'_, S> {}
 /// expert's rows into `x` and keeps its intermediates in `gate`, `up`, `act` and `out`; a backend
 /// that routes on the device uses the same five for every pick's row at once (x's rows in expert
 /// order, the products, each pick's output), so they hold
-/// [`Backend::experts_scratch_rows`](crate::Backend::experts_scratch_rows) rows.
+/// [`crate::Backend::experts_scratch_rows`] rows.
 #[derive(Debug)]
 pub struct ExpertsScratch<S> {
     pub idx: Tensor<S>,

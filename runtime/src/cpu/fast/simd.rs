@@ -313,10 +313,11 @@ static E5M2_BITS: [u32; 256] = fp8_table(2, 15, Fp8Kind::Ieee);
 static E5M2FNUZ_BITS: [u32; 256] = fp8_table(2, 16, Fp8Kind::Fnuz);
 
 /// An fp8 format as two byte tables over the seven magnitude bits of a code. Every fp8 value is
-/// an f32 whose low 16 bits are zero, so a code's f32 is two bytes: `hi[c & 0x7f] | (c & 0x80)`
-/// (sign and top seven exponent bits) and `lo[c & 0x7f]` (the last exponent bit and the top seven
-/// mantissa bits). `vpermi2b` looks up 64 codes in a 128-byte table in one instruction and
-/// ignores the index's top bit, which is exactly the sign.
+/// an f32 whose low 16 bits are zero, so code `c`'s f32 is, from the top byte down,
+/// `hi[c & 0x7f] | (c & 0x80)` (the sign and the top seven exponent bits), `lo[c & 0x7f]` (the
+/// last exponent bit and the top seven mantissa bits), and two zero bytes. `vpermi2b` looks up
+/// 64 codes in a 128-byte table in one instruction and ignores each index's top bit, which is
+/// exactly the sign.
 pub(crate) struct Fp8Bytes {
     pub(crate) hi: [u8; 128],
     pub(crate) lo: [u8; 128],

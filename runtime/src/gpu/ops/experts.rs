@@ -36,7 +36,7 @@
 //!
 //! Memory: the sorted rows, the products and each pick's output live in the caller's
 //! [`ExpertsScratch`] (the session's), which a GPU allocates at rows x k rows of each width
-//! ([`scratch_rows`]); only the route's small arrays (a few words per pick) are the launcher's own
+//! (`scratch_rows`); only the route's small arrays (a few words per pick) are the launcher's own
 //! scratch. At a 512-row prefill chunk of Mixtral 8x7B (k = 2) that is 1024 x (2 x 4096 + 3 x
 //! 14336) f32, 210 MB, held once.
 
