@@ -20,7 +20,7 @@
 //!   ops (`Vbmi::widen64`): 9 instructions where four `load_elem`s take 16 (two of them
 //!   `vcvtph2ps`, two uops each), and e4m3fn's NaN codes stay NaN, so its NaN scan goes. The fp8
 //!   GEMV was bound by the widening, not by memory (README, Benchmarks: 1.4-1.8x on one core in
-//!   cache, 1.07-1.24x on two from memory). The lookups leave the columns interleaved within each
+//!   cache, 1.07-1.35x on two from memory). The lookups leave the columns interleaved within each
 //!   block of 64, so x is permuted the same way once per call (`permute_x64`, zero-padded to a
 //!   multiple of 64) and the weights are still read in place. Block scales need blocks of a
 //!   multiple of 64 columns here (128 in every published checkpoint); other widths take the
