@@ -367,8 +367,9 @@ const LINE_WORDS: usize = 8;
 /// Wrapping sum of the words (associative, so any order is the same sum). The slice is walked as
 /// `READ_STREAMS` equal parts in lockstep, a cache line of each per step, into eight independent
 /// lanes per part: several streams of misses in flight, as the GEMV's rows keep, and adds the
-/// compiler vectorises. A single running sum over one stream measured 22.2 GB/s on 2 threads of
-/// the development VM where this measured 25-27 (2026-12-06), below the fast backend's GEMV.
+/// compiler vectorises. On 2 threads of the development VM (2026-12-06) a single running sum
+/// over one stream measured 22.2 GB/s, below the fast backend's GEMV, where a four-stream probe
+/// measured 25-27 and this kernel 23.5 in the next bench run.
 fn sum_words(words: &[u64]) -> u64 {
     let part = words.len() / READ_STREAMS / LINE_WORDS * LINE_WORDS;
     let (body, rest) = words.split_at(part * READ_STREAMS);

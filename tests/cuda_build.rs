@@ -225,7 +225,7 @@ fn ocp_fp8_gemv_uses_the_hardware_conversion() {
     }
     let Some(sass) = sass() else { return };
     for (target, kernels) in sass {
-        let number: u32 = target.trim_start_matches("sm_").trim_end_matches('a').parse().expect("sm_<n>");
+        let number = sm_number(target);
         let mut gemv_kernels = 0;
         for k in kernels {
             let has = |fmt: &str| k.code.iter().any(|(_, t)| t.contains(&format!("F2FP.F16.{fmt}.UNPACK_B")));
@@ -315,8 +315,7 @@ fn generic_memory_ops_only_in_the_experts_kernels() {
     let Some(sass) = sass() else { return };
     for (target, kernels) in sass {
         // gemv_tc.cu's gemv_tc_experts: the shared copy of its params below sm_89.
-        let arch: u32 = target.trim_start_matches("sm_").trim_end_matches('a').parse().expect("sm_NN target");
-        let shared_params = arch < 89;
+        let shared_params = sm_number(target) < 89;
         let (mut checked, mut tc_experts) = (0, 0);
         for k in kernels {
             let generic: Vec<&str> = k
@@ -355,4 +354,9 @@ fn generic_memory_ops_only_in_the_experts_kernels() {
             assert!(tc_experts > 0, "{target}: gemv_tc_experts_* has no generic access: tighten this test");
         }
     }
+}
+
+/// The number of an `sm_NN` / `sm_NNa` target.
+fn sm_number(target: &str) -> u32 {
+    target.trim_start_matches("sm_").trim_end_matches('a').parse().expect("sm_<n> target")
 }
