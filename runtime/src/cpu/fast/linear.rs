@@ -30,12 +30,6 @@
 //!   fit in L2 (`X_BLOCK_BYTES`); for each block a task walks its weight rows once, so each weight
 //!   row is read from memory once per block of x rows (once for a whole prompt of a few dozen
 //!   tokens), and the NR rows of a tile stay in L1 while the x rows of the block pass over them.
-//! - bf16 GEMMs widen the weights in pairs (`Vector::load_bf16_pairs`): one load of `2 * LANES`
-//!   elements, a shift gives the even columns and a mask the odd ones, where `load_elem` takes a
-//!   zero-extending shuffle and a shift per `LANES`. x is split once per call into its even and
-//!   odd columns (`split_x_pairs`) to match. Measured on one Xeon core in cache, 4 x 4 tile, k =
-//!   1024: 105 against 93 GFLOP/s for the shuffle (f32 weights, no widening at all: 101); the
-//!   GEMV keeps `load_elem` (memory-bound).
 //! - Block scales: each block's vector accumulators are multiplied by the block's scale into a
 //!   second set (a broadcast and an FMA per vector) and summed across lanes once per row, where
 //!   the registers hold both sets (`scaled_vectors_fit`: AVX-512's GEMV); elsewhere each block
@@ -49,6 +43,7 @@
 
 use half::{bf16, f16};
 
+#[cfg(target_arch = "x86_64")]
 use super::X_PERMUTED;
 #[cfg(target_arch = "x86_64")]
 use super::simd::{Avx512, Fp8Bytes, Fp8Regs, Vbmi, VbmiKernel, run_vbmi, x64_column};
@@ -233,31 +228,20 @@ impl<W: Elem, Y: Float> Kernel for LinearTask<'_, W, Y> {
 
     #[inline(always)]
     fn run<V: Vector>(self, v: V) {
-        tiles::<V, W, Y, _>(VectorTiler(v), &self);
-    }
-}
-
-/// Runs a task with the tile for its rows and `V`'s registers (mirrored by [`x_tile`]).
-#[inline(always)]
-fn tiles<V: Vector, W: Elem, Y: Float, T>(tiler: T, t: &LinearTask<'_, W, Y>)
-where
-    T: Tiler<W, 1, GEMV_ROWS>
-        + Tiler<W, GEMM_X_ROWS_WIDE, GEMM_W_ROWS>
-        + Tiler<W, GEMM_X_ROWS_NARROW, GEMM_W_ROWS>,
-{
-    if t.m == 1 {
-        task::<W, Y, _, 1, GEMV_ROWS>(tiler, t);
-    } else if V::LANES >= 16 {
-        task::<W, Y, _, GEMM_X_ROWS_WIDE, GEMM_W_ROWS>(tiler, t);
-    } else {
-        task::<W, Y, _, GEMM_X_ROWS_NARROW, GEMM_W_ROWS>(tiler, t);
+        let tiler = VectorTiler(v);
+        if self.m == 1 {
+            task::<W, Y, _, 1, GEMV_ROWS>(tiler, &self);
+        } else if V::LANES >= 16 {
+            task::<W, Y, _, GEMM_X_ROWS_WIDE, GEMM_W_ROWS>(tiler, &self);
+        } else {
+            task::<W, Y, _, GEMM_X_ROWS_NARROW, GEMM_W_ROWS>(tiler, &self);
+        }
     }
 }
 
 /// How a task reduces a tile of `MR` x rows by `NR` weight rows: [`VectorTiler`] (any
-/// instruction set), [`PairsTiler`] (bf16 GEMMs) or, for fp8 GEMVs on AVX-512 VBMI,
-/// [`BytesTiler`]. Each gives the vector accumulators of a column range; the sums, the NaN rows
-/// and the block scales are shared.
+/// instruction set) or, for fp8 GEMVs on AVX-512 VBMI, [`BytesTiler`]. Each gives the vector
+/// accumulators of a column range; the sums, the NaN rows and the block scales are shared.
 trait Tiler<W: Elem, const MR: usize, const NR: usize>: Copy {
     type V: Vector;
     /// What the tile's sums are multiplied by: they are in the weights' load domain.
@@ -541,149 +525,6 @@ unsafe fn step<V: Vector, W: Elem, const MR: usize, const NR: usize>(
 }
 
 // ---------------------------------------------------------------------------------------------
-// bf16 weights in pairs (GEMM)
-
-/// The tiler of bf16 weights widened in pairs ([`Vector::load_bf16_pairs`]).
-#[derive(Clone, Copy)]
-struct PairsTiler<V>(V);
-
-impl<V: Vector, W: Elem, const MR: usize, const NR: usize> Tiler<W, MR, NR> for PairsTiler<V> {
-    type V = V;
-    /// The pairs are the exact values.
-    const POST: f32 = 1.0;
-    #[inline(always)]
-    fn vector(self) -> V {
-        self.0
-    }
-    #[inline(always)]
-    fn nan_codes(self) -> bool {
-        false
-    }
-    #[inline(always)]
-    fn tile_acc(self, x: &[&[f32]; MR], w: &[&[W]; NR], c0: usize, c1: usize) -> [[V::F; NR]; MR] {
-        tile_pairs_acc::<V, W, MR, NR>(self.0, x, w, c0, c1)
-    }
-}
-
-/// As [`tile_acc`], for bf16 weights widened `2 * LANES` at a time into their even and odd
-/// columns. x's rows are split as [`split_x_pairs`] lays them out (even columns, then odd), and
-/// `c0` is even, so the columns of each half meet their weights without moving.
-#[inline(always)]
-#[allow(clippy::needless_range_loop)]
-fn tile_pairs_acc<V: Vector, W: Elem, const MR: usize, const NR: usize>(
-    v: V,
-    x: &[&[f32]; MR],
-    w: &[&[W]; NR],
-    c0: usize,
-    c1: usize,
-) -> [[V::F; NR]; MR] {
-    const { assert!(V::LANES <= MAX_LANES) };
-    assert!(W::TOP_HALF && size_of::<W>() == size_of::<bf16>(), "pairs widen bf16 weights");
-    let half = x[0].len() / 2;
-    assert!(c0 <= c1 && c0.is_multiple_of(2) && c1 <= 2 * half);
-    assert!(x.iter().all(|r| r.len() == 2 * half) && w.iter().all(|r| r.len() >= c1));
-    let step = 2 * V::LANES;
-    let len = c1 - c0;
-    let full = len - len % step;
-    let mut xe = [std::ptr::null::<f32>(); MR];
-    let mut xo = [std::ptr::null::<f32>(); MR];
-    let mut wp = [std::ptr::null::<bf16>(); NR];
-    for q in 0..MR {
-        xe[q] = x[q][c0 / 2..].as_ptr();
-        xo[q] = x[q][half + c0 / 2..].as_ptr();
-    }
-    for r in 0..NR {
-        // W is bf16 (asserted above).
-        wp[r] = w[r][c0..].as_ptr().cast();
-    }
-    let mut acc = [[v.zero(); NR]; MR];
-    let mut l = 0;
-    while l < full {
-        // SAFETY: l + 2 LANES <= full <= len: every weight row has `len` elements from its
-        // pointer and each half of every x row `len / 2` (asserted above).
-        unsafe { step_pairs::<V, MR, NR>(v, &xe, &xo, &wp, l, &mut acc) };
-        l += step;
-    }
-    if full < len {
-        // Zero padding, as in `tile_acc`: an odd tail leaves the even half one longer.
-        let (rest, at) = (len - full, (c0 + full) / 2);
-        let mut wt = [[W::zeroed(); 2 * MAX_LANES]; NR];
-        let mut xt = [[[0.0f32; MAX_LANES]; 2]; MR];
-        for r in 0..NR {
-            wt[r][..rest].copy_from_slice(&w[r][c0 + full..c1]);
-            wp[r] = wt[r].as_ptr().cast();
-        }
-        for q in 0..MR {
-            let (even, odd) = x[q].split_at(half);
-            xt[q][0][..rest.div_ceil(2)].copy_from_slice(&even[at..at + rest.div_ceil(2)]);
-            xt[q][1][..rest / 2].copy_from_slice(&odd[at..at + rest / 2]);
-            xe[q] = xt[q][0].as_ptr();
-            xo[q] = xt[q][1].as_ptr();
-        }
-        // SAFETY: the padded buffers hold 2 MAX_LANES >= 2 LANES codes and MAX_LANES f32s.
-        unsafe { step_pairs::<V, MR, NR>(v, &xe, &xo, &wp, 0, &mut acc) };
-    }
-    acc
-}
-
-/// One step of [`tile_pairs_acc`]: `2 * LANES` columns from column offset `l`.
-///
-/// # Safety
-/// `2 * LANES` codes must be readable at offset `l` of every weight pointer and `LANES` f32s at
-/// offset `l / 2` of every x pointer.
-#[inline(always)]
-#[allow(clippy::needless_range_loop)]
-unsafe fn step_pairs<V: Vector, const MR: usize, const NR: usize>(
-    v: V,
-    xe: &[*const f32; MR],
-    xo: &[*const f32; MR],
-    wp: &[*const bf16; NR],
-    l: usize,
-    acc: &mut [[V::F; NR]; MR],
-) {
-    let mut we = [v.zero(); NR];
-    let mut wo = [v.zero(); NR];
-    for r in 0..NR {
-        // SAFETY: the caller guarantees 2 LANES readable codes.
-        [we[r], wo[r]] = unsafe { v.load_bf16_pairs(wp[r].add(l)) };
-    }
-    for q in 0..MR {
-        // SAFETY: the caller guarantees LANES readable f32s in each half.
-        let (e, o) = unsafe { (v.load(xe[q].add(l / 2)), v.load(xo[q].add(l / 2))) };
-        for r in 0..NR {
-            acc[q][r] = v.fma(e, we[r], acc[q][r]);
-            acc[q][r] = v.fma(o, wo[r], acc[q][r]);
-        }
-    }
-}
-
-/// A task of a linear layer through [`PairsTiler`].
-struct PairsTask<'a, W, Y>(LinearTask<'a, W, Y>);
-
-impl<W: Elem, Y: Float> Kernel for PairsTask<'_, W, Y> {
-    type Output = ();
-
-    #[inline(always)]
-    fn run<V: Vector>(self, v: V) {
-        tiles::<V, W, Y, _>(PairsTiler(v), &self.0);
-    }
-}
-
-/// x's `m` rows of `k` columns as [`tile_pairs_acc`] reads them: each row `k` rounded up to even
-/// long, its even columns first, then its odd columns (the last zero where k is odd).
-fn split_x_pairs(x: &[f32], m: usize, k: usize, out: &mut [f32]) {
-    let kp = k.next_multiple_of(2);
-    assert!(x.len() >= m * k && out.len() >= m * kp);
-    for (src, dst) in x.chunks_exact(k.max(1)).zip(out.chunks_exact_mut(kp.max(1))).take(m) {
-        let (even, odd) = dst.split_at_mut(kp / 2);
-        for (i, (e, o)) in even.iter_mut().zip(odd).enumerate() {
-            *e = src[2 * i];
-            *o = src.get(2 * i + 1).copied().unwrap_or(0.0);
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
 // fp8 weights through byte tables (AVX-512 VBMI)
 
 /// Columns of a byte-table step: one 64-byte load of codes per weight row.
@@ -939,37 +780,6 @@ fn linear_wy<W: Elem, Y: Float>(
                 let (x_block, k) = (p.x_block, d.k);
                 let task = LinearTask { x: xp, x_stride: kp, m: d.m, k, w, scale, x_block, j0, j1, y: out };
                 run_vbmi(v, b, BytesTask { task, bytes });
-            });
-        });
-        return;
-    }
-    if W::TOP_HALF
-        && d.m > 1
-        && match scale {
-            Scale::Block { cols, .. } => cols.is_multiple_of(2),
-            _ => true,
-        }
-    {
-        let kp = d.k.next_multiple_of(2);
-        with_scratch(&X_PERMUTED, d.m * kp, 0.0, |xs| {
-            split_x_pairs(x, d.m, d.k, xs);
-            let xs: &[f32] = xs;
-            fast.for_each_task(p.tasks, d.m * d.n * d.k, |t| {
-                let j0 = t * p.rows_per_task;
-                let j1 = d.n.min(j0 + p.rows_per_task);
-                let (x_block, k) = (p.x_block, d.k);
-                simd.run(PairsTask(LinearTask {
-                    x: xs,
-                    x_stride: kp,
-                    m: d.m,
-                    k,
-                    w,
-                    scale,
-                    x_block,
-                    j0,
-                    j1,
-                    y: out,
-                }));
             });
         });
         return;
@@ -1281,72 +1091,45 @@ mod tests {
         }
     }
 
-    /// [`VectorTiler`] and [`PairsTiler`] over columns `c0..c0 + len` (c0 even, every tail length of
-    /// either, both halves of a pair in a tail) against an f64 loop.
     #[test]
-    fn tiles_against_f64_at_odd_lengths() {
+    fn tile_against_f64_at_odd_lengths() {
         struct T<'a> {
             x: &'a [&'a [f32]; 2],
             w: &'a [&'a [half::bf16]; 3],
             c0: usize,
             c1: usize,
-            pairs: bool,
         }
         impl Kernel for T<'_> {
             type Output = [[f32; 3]; 2];
             #[inline(always)]
             fn run<V: Vector>(self, v: V) -> [[f32; 3]; 2] {
-                if self.pairs {
-                    PairsTiler(v).tile(self.x, self.w, self.c0, self.c1)
-                } else {
-                    VectorTiler(v).tile(self.x, self.w, self.c0, self.c1)
-                }
+                VectorTiler(v).tile(self.x, self.w, self.c0, self.c1)
             }
         }
         let mut rng = Rng::new(11);
         for simd in Simd::available() {
-            for len in [1, 2, 3, 15, 16, 17, 31, 32, 33, 34, 63, 4097] {
-                let k = len + 5;
-                let xs: Vec<Vec<f32>> = (0..2).map(|_| rng.vec(k)).collect();
-                let ws: Vec<Vec<half::bf16>> =
-                    (0..3).map(|_| rng.vec(k).into_iter().map(half::bf16::from_f32).collect()).collect();
+            for len in [1, 3, 15, 16, 17, 31, 33, 4097] {
+                let xs: Vec<Vec<f32>> = (0..2).map(|_| rng.vec(len + 5)).collect();
+                let ws: Vec<Vec<half::bf16>> = (0..3)
+                    .map(|_| rng.vec(len + 5).into_iter().map(half::bf16::from_f32).collect())
+                    .collect();
                 let x = [&xs[0][..], &xs[1][..]];
                 let w = [&ws[0][..], &ws[1][..], &ws[2][..]];
-                let mut split = vec![f32::NAN; 2 * k.next_multiple_of(2)];
-                split_x_pairs(&xs.concat(), 2, k, &mut split);
-                let (s0, s1) = split.split_at(k.next_multiple_of(2));
-                for pairs in [false, true] {
-                    let xt = if pairs { [s0, s1] } else { x };
-                    let got = simd.run(T { x: &xt, w: &w, c0: 2, c1: 2 + len, pairs });
-                    for q in 0..2 {
-                        for r in 0..3 {
-                            let (mut want, mut mag) = (0.0f64, 0.0f64);
-                            for l in 2..2 + len {
-                                let p = x[q][l] as f64 * w[r][l].to_f64();
-                                want += p;
-                                mag += p.abs();
-                            }
-                            let tol = (len as f64 + 4.0) * 2f64.powi(-24) * mag;
-                            let e = (got[q][r] as f64 - want).abs();
-                            let what = format!("{} pairs {pairs} len {len} ({q},{r})", simd.name());
-                            assert!(e <= tol, "{what}: {} vs {want}", got[q][r]);
+                let got = simd.run(T { x: &x, w: &w, c0: 2, c1: 2 + len });
+                for q in 0..2 {
+                    for r in 0..3 {
+                        let (mut want, mut mag) = (0.0f64, 0.0f64);
+                        for l in 2..2 + len {
+                            let p = x[q][l] as f64 * w[r][l].to_f64();
+                            want += p;
+                            mag += p.abs();
                         }
+                        let tol = (len as f64 + 4.0) * 2f64.powi(-24) * mag;
+                        let e = (got[q][r] as f64 - want).abs();
+                        assert!(e <= tol, "{} len {len} ({q},{r}): {} vs {want}", simd.name(), got[q][r]);
                     }
                 }
             }
         }
-    }
-
-    #[test]
-    fn split_x_pairs_layout() {
-        // Two rows of 5: even columns, then odd ones, the odd half padded with a zero.
-        let x: Vec<f32> = (0..10).map(|i| i as f32 + 1.0).collect();
-        let mut out = vec![f32::NAN; 12];
-        split_x_pairs(&x, 2, 5, &mut out);
-        assert_eq!(out, [1.0, 3.0, 5.0, 2.0, 4.0, 0.0, 6.0, 8.0, 10.0, 7.0, 9.0, 0.0]);
-        // Even k: no padding.
-        let mut out = vec![f32::NAN; 4];
-        split_x_pairs(&x[..4], 1, 4, &mut out);
-        assert_eq!(out, [1.0, 3.0, 2.0, 4.0]);
     }
 }

@@ -151,8 +151,8 @@ impl Fast {
 thread_local! {
     /// Inputs widened on the calling thread (the x of a linear layer).
     static INPUT_F32: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
-    /// x of a linear layer reordered for the bf16 pairs or the fp8 byte-table kernel
-    /// (`linear.rs`).
+    /// x of a linear layer permuted for the fp8 byte-table kernel (`linear.rs`).
+    #[cfg(target_arch = "x86_64")]
     static X_PERMUTED: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
     /// Per-task scratch on the worker threads (attention scores, rope angles).
     static TASK_F32: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };

@@ -9,9 +9,7 @@
 //!   f32 in registers. The value loaded is the stored value divided by `Elem::POST`, a power of
 //!   two the caller multiplies back after its reduction (exact: scaling by a power of two only moves the
 //!   exponent). This lets the fp8 formats widen through f16 bit patterns:
-//!   - bf16: the top half of an f32 (shift left 16). GEMMs widen bf16 weights in pairs instead
-//!     ([`Vector::load_bf16_pairs`]): one load of `2 * LANES`, a shift for the even columns and
-//!     a mask for the odd ones, no shuffle; x is split into its even and odd columns to match.
+//!   - bf16: the top half of an f32 (shift left 16).
 //!   - f16: `vcvtph2ps`.
 //!   - e5m2: the top byte of an f16 with the same bias, infinities and NaNs (shift left 8).
 //!   - e4m3fn / e4m3fnuz: `S EEEE MMM` placed as `S 0EEEE MMM0000000`, an f16 whose value is the
@@ -209,13 +207,6 @@ pub(crate) trait Vector: Copy + Send + Sync + 'static {
     /// # Safety
     /// `p .. p + LANES` must be readable elements.
     unsafe fn load_elem<W: Elem>(self, p: *const W) -> Self::F;
-    /// `2 * LANES` bf16s widened to f32 as two vectors: the elements at even offsets, then those
-    /// at odd offsets (exact). Each 32-bit word holds an even element in its low half and the
-    /// next odd one in its high half, so a shift and a mask widen both without a shuffle:
-    /// callers match the order by splitting x into its even and odd columns once.
-    /// # Safety
-    /// `p .. p + 2 * LANES` must be readable.
-    unsafe fn load_bf16_pairs(self, p: *const bf16) -> [Self::F; 2];
     /// # Safety
     /// `p .. p + LANES` must be writable f32s.
     unsafe fn store(self, p: *mut f32, v: Self::F);
@@ -248,9 +239,6 @@ pub(crate) trait Elem: Float {
         let _ = codes;
         false
     }
-    /// Whether the stored bits are the top half of the f32 value (bf16): the weights can then be
-    /// widened in pairs by [`Vector::load_bf16_pairs`].
-    const TOP_HALF: bool = false;
     /// The byte tables of an fp8 format, for [`Vbmi::widen64`]; `None` for the other types.
     const BYTES: Option<&'static Fp8Bytes> = None;
     /// 16 elements, divided by `POST`.
@@ -394,7 +382,6 @@ impl Elem for f32 {
 
 impl Elem for bf16 {
     const POST: f32 = 1.0;
-    const TOP_HALF: bool = true;
     #[inline(always)]
     fn widen(self) -> f32 {
         // Exact: a bf16 is the top half of an f32.
@@ -473,12 +460,6 @@ impl Vector for Portable {
         // SAFETY: the caller guarantees 8 readable elements at `p`.
         let a = unsafe { p.cast::<[W; 8]>().read_unaligned() };
         a.map(W::widen_raw)
-    }
-    #[inline(always)]
-    unsafe fn load_bf16_pairs(self, p: *const bf16) -> [[f32; 8]; 2] {
-        // SAFETY: the caller guarantees 16 readable elements at `p`.
-        let a = unsafe { p.cast::<[bf16; 16]>().read_unaligned() };
-        [std::array::from_fn(|i| a[2 * i].widen()), std::array::from_fn(|i| a[2 * i + 1].widen())]
     }
     #[inline(always)]
     unsafe fn store(self, p: *mut f32, v: [f32; 8]) {
@@ -653,15 +634,6 @@ mod x86 {
             unsafe { W::load_avx512(self, p) }
         }
         #[inline(always)]
-        unsafe fn load_bf16_pairs(self, p: *const bf16) -> [__m512; 2] {
-            // SAFETY: the token proves AVX-512F; the caller guarantees 64 readable bytes at `p`.
-            unsafe {
-                let w = _mm512_loadu_si512(p.cast());
-                let odd = _mm512_and_si512(w, _mm512_set1_epi32(HIGH_HALF));
-                [_mm512_castsi512_ps(_mm512_slli_epi32::<16>(w)), _mm512_castsi512_ps(odd)]
-            }
-        }
-        #[inline(always)]
         unsafe fn store(self, p: *mut f32, v: __m512) {
             // SAFETY: the token proves AVX-512F; the caller guarantees 16 writable f32s at `p`.
             unsafe { _mm512_storeu_ps(p, v) }
@@ -713,15 +685,6 @@ mod x86 {
             unsafe { W::load_avx2(self, p) }
         }
         #[inline(always)]
-        unsafe fn load_bf16_pairs(self, p: *const bf16) -> [__m256; 2] {
-            // SAFETY: the token proves AVX2; the caller guarantees 32 readable bytes at `p`.
-            unsafe {
-                let w = _mm256_loadu_si256(p.cast());
-                let odd = _mm256_and_si256(w, _mm256_set1_epi32(HIGH_HALF));
-                [_mm256_castsi256_ps(_mm256_slli_epi32::<16>(w)), _mm256_castsi256_ps(odd)]
-            }
-        }
-        #[inline(always)]
         unsafe fn store(self, p: *mut f32, v: __m256) {
             // SAFETY: the token proves AVX2; the caller guarantees 8 writable f32s at `p`.
             unsafe { _mm256_storeu_ps(p, v) }
@@ -756,8 +719,6 @@ mod x86 {
     /// The widening loads of element type `T` (namespaced so each type's pair reads together).
     pub(super) struct Load<T>(PhantomData<T>);
 
-    /// Keeps the high half of each 32-bit word: the odd bf16 of a pair, in place as an f32.
-    const HIGH_HALF: i32 = 0xffff_0000u32 as i32;
     /// Clears bit 14, the second copy of the sign the sign-extending widen leaves.
     const CLEAR_BIT14: i16 = 0xbfffu16 as i16;
     /// 2^111: an e5m2fnuz code placed in the low exponent bits of an f32 is 2^-111 of itself.
@@ -1069,48 +1030,6 @@ mod tests {
         for (b, h) in bf.iter().zip(&h) {
             assert!(same(b.widen(), b.to_f32()));
             assert!(same(h.widen(), h.to_f32()));
-        }
-    }
-
-    /// `load_bf16_pairs` of every bf16 bit pattern at every even and odd position, bit for bit
-    /// against the scalar widening.
-    struct PairsAll<'a> {
-        src: &'a [bf16],
-        dst: &'a mut [f32],
-    }
-
-    impl Kernel for PairsAll<'_> {
-        type Output = ();
-        #[inline(always)]
-        fn run<V: Vector>(self, v: V) {
-            let step = 2 * V::LANES;
-            assert!(self.src.len().is_multiple_of(step) && self.dst.len() == self.src.len());
-            let mut lanes = [0.0f32; MAX_LANES];
-            for (s, d) in self.src.chunks_exact(step).zip(self.dst.chunks_exact_mut(step)) {
-                // SAFETY: `s` holds 2 * LANES elements; `lanes` holds MAX_LANES >= LANES.
-                let [even, odd] = unsafe { v.load_bf16_pairs(s.as_ptr()) };
-                for (half, f) in [even, odd].into_iter().enumerate() {
-                    // SAFETY: as above.
-                    unsafe { v.store(lanes.as_mut_ptr(), f) };
-                    for (i, &l) in lanes[..V::LANES].iter().enumerate() {
-                        d[2 * i + half] = l;
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn bf16_pairs_all_codes() {
-        // Every pattern, shuffled so each sits beside unrelated neighbours in its words.
-        let codes: Vec<bf16> = (0..=u16::MAX).map(|i| bf16::from_bits(i.wrapping_mul(40503))).collect();
-        for simd in Simd::available() {
-            // Poison no bf16 widens to (it needs more than 8 significant bits).
-            let mut out = vec![12345.678f32; codes.len()];
-            simd.run(PairsAll { src: &codes, dst: &mut out });
-            for (c, &o) in codes.iter().zip(&out) {
-                assert!(same(o, c.widen()), "{} {c:?}: pairs {o} vs scalar {}", simd.name(), c.widen());
-            }
         }
     }
 
