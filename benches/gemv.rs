@@ -6,7 +6,9 @@
 //!    per-channel f32 scales. Each shape rotates over enough copies of its weight (and scales) to
 //!    fill the same working set, so every call reads its weight from memory, not from cache.
 //!    Where the default level is `avx512vbmi` (fp8 widened through byte tables), e4m3fn at the
-//!    down_proj shape runs once more on the `avx512` level (f16 widening), for the ratio;
+//!    down_proj shape runs once more on the `avx512` level (f16 widening), for the ratio; and
+//!    e4m3fn with 128 x 128 block scales (DeepSeek-style checkpoints) runs at the down_proj
+//!    shape, with its ratio to per-channel scales;
 //! 3. one line per shape and dtype comparing the two, like with like: the GEMV figure is its best
 //!    full rotation (every copy once: at least the working set streamed, timed here call by call
 //!    in the same loop criterion times), the read peak is the best read pass (the working set
@@ -44,6 +46,15 @@ const SHAPES: [(usize, usize); 4] = [
 
 const WEIGHT_DTYPES: [DType; 2] = [DType::BF16, DType::F8E4M3Fn];
 
+/// The block scales of the block-scaled run: f32 per 128 x 128, as published fp8 checkpoints with
+/// a `weight_block_size` ship them.
+const BLOCK_128: ScaleLayout = ScaleLayout::Block { block_rows: 128, block_cols: 128, dtype: DType::F32 };
+
+/// The scales the bench gives a weight of `dtype` by default: per-channel f32 for fp8, else none.
+fn default_scale(dtype: DType) -> ScaleLayout {
+    if dtype.is_fp8() { ScaleLayout::PerChannel(DType::F32) } else { ScaleLayout::None }
+}
+
 /// Read passes taken before each GEMV shape and after the last.
 const READ_PASSES_BETWEEN: usize = 5;
 
@@ -52,6 +63,7 @@ struct GemvRun {
     /// The fast backend's instruction set when it is not the default's (the comparison run).
     level: Option<&'static str>,
     dtype: DType,
+    scale: ScaleLayout,
     n: usize,
     k: usize,
     bytes_per_call: u64,
@@ -106,7 +118,7 @@ fn main() {
     for dtype in WEIGHT_DTYPES {
         for (n, k) in SHAPES {
             ceiling.sample_read(READ_PASSES_BETWEEN);
-            runs.push(bench_gemv(&mut c, &backend, None, dtype, n, k, working_set));
+            runs.push(bench_gemv(&mut c, &backend, None, dtype, default_scale(dtype), n, k, working_set));
         }
     }
     // Where the default widens fp8 through byte tables, the widening it replaced, at one shape
@@ -116,8 +128,13 @@ fn main() {
         let other = memwall::runtime::cpu::Fast::with_simd(backend.threads(), level).expect("avx512 level");
         let (n, k) = SHAPES[3];
         ceiling.sample_read(READ_PASSES_BETWEEN);
-        runs.push(bench_gemv(&mut c, &other, Some(level), DType::F8E4M3Fn, n, k, working_set));
+        let scale = default_scale(DType::F8E4M3Fn);
+        runs.push(bench_gemv(&mut c, &other, Some(level), DType::F8E4M3Fn, scale, n, k, working_set));
     }
+    // Block scales against the per-channel run of the same shape.
+    let (n, k) = SHAPES[3];
+    ceiling.sample_read(READ_PASSES_BETWEEN);
+    runs.push(bench_gemv(&mut c, &backend, None, DType::F8E4M3Fn, BLOCK_128, n, k, working_set));
     ceiling.sample_read(READ_PASSES_BETWEEN);
     c.final_summary();
 
@@ -140,10 +157,11 @@ fn main() {
         let achieved = peak::gb_per_s(run.bytes_per_call * run.copies as u64, rotation);
         let pct = 100.0 * achieved / read.best;
         println!(
-            "gemv {} {}x{}{}: {achieved:.1} GB/s = {pct:.1}% of measured read peak {:.1} GB/s{}",
+            "gemv {} {}x{}{}{}: {achieved:.1} GB/s = {pct:.1}% of measured read peak {:.1} GB/s{}",
             run.dtype.name(),
             run.n,
             run.k,
+            block_text(run.scale),
             run.level.map_or(String::new(), |l| format!(" on {l}")),
             read.best,
             run.median_rotation().map_or(String::new(), |m| {
@@ -160,19 +178,29 @@ fn main() {
                 "  warning: above the read peak: weights from cache, or a read kernel below the ceiling"
             );
         }
-        // The comparison run against the default's run of the same dtype and shape.
-        let same = |r: &&GemvRun| r.level.is_none() && (r.dtype, r.n, r.k) == (run.dtype, run.n, run.k);
-        if let (Some(level), Some(default)) = (run.level, runs.iter().find(same)) {
-            let ours = default
-                .best_rotation()
-                .map(|t| peak::gb_per_s(default.bytes_per_call * default.copies as u64, t));
-            if let Some(ours) = ours {
-                println!(
-                    "  fp8 widening: byte tables ({}) {ours:.1} GB/s = {:.2}x the f16 path ({level}) at this shape",
-                    backend.simd(),
-                    ours / achieved
-                );
-            }
+        // A comparison run against the default's run of the same dtype and shape with the default
+        // scales.
+        let same = |r: &&GemvRun| {
+            r.level.is_none()
+                && r.scale == default_scale(r.dtype)
+                && (r.dtype, r.n, r.k) == (run.dtype, run.n, run.k)
+        };
+        let base = runs.iter().find(same).and_then(|r| {
+            let rate = peak::gb_per_s(r.bytes_per_call * r.copies as u64, r.best_rotation()?);
+            Some(rate)
+        });
+        match (run.level, base) {
+            (Some(level), Some(ours)) => println!(
+                "  fp8 widening: byte tables ({}) {ours:.1} GB/s = {:.2}x the f16 path ({level}) at this shape",
+                backend.simd(),
+                ours / achieved
+            ),
+            (None, Some(per_channel)) if run.scale != default_scale(run.dtype) => println!(
+                "  block scales: {achieved:.1} GB/s = {:.2}x per-channel scales ({per_channel:.1} GB/s) at this \
+                 shape",
+                achieved / per_channel
+            ),
+            _ => {}
         }
     }
     println!("bench wall time: {:.1} s", started.elapsed().as_secs_f64());
@@ -281,23 +309,25 @@ struct GemvSetup {
     next: usize,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn bench_gemv<B: Backend<Storage = HostStorage>>(
     c: &mut Criterion,
     backend: &B,
     level: Option<&'static str>,
     dtype: DType,
+    scale: ScaleLayout,
     n: usize,
     k: usize,
     working_set: u64,
 ) -> GemvRun {
-    let scale = if dtype.is_fp8() { ScaleLayout::PerChannel(DType::F32) } else { ScaleLayout::None };
     let bytes_per_call = linear_bytes(1, n, k, dtype, scale, DType::F32).expect("bytes of a llama shape");
     // What one copy of the weight occupies: its elements and its scales.
     let weight_bytes = (n * k * dtype.size()) as u64 + scale.bytes(n, k).expect("scale bytes");
     let copies = usize::try_from(working_set.div_ceil(weight_bytes).max(2)).expect("copies fit usize");
 
     let level_suffix = level.map_or(String::new(), |l| format!("_{l}"));
-    let mut group = c.benchmark_group(format!("gemv_{}{level_suffix}", dtype.name()));
+    let block_suffix = block_text(scale).replace(' ', "_");
+    let mut group = c.benchmark_group(format!("gemv_{}{block_suffix}{level_suffix}", dtype.name()));
     group.throughput(Throughput::BytesDecimal(bytes_per_call));
     let mut calls = Vec::new();
     // Built on the first call, so a benchmark filtered out on the command line costs nothing;
@@ -308,7 +338,7 @@ fn bench_gemv<B: Backend<Storage = HostStorage>>(
         let s = setup.get_or_insert_with(|| {
             let start = Instant::now();
             let weights: Vec<Linear<HostStorage>> =
-                (0..copies).map(|i| random_linear(backend, dtype, n, k, 1000 + i as u64)).collect();
+                (0..copies).map(|i| random_linear(backend, dtype, scale, n, k, 1000 + i as u64)).collect();
             let x_values = random_unit_f32(k, 7);
             let x = backend.upload_f32(DType::F32, &[1, k], &x_values).expect("upload x");
             let mut y = backend.alloc(DType::F32, &[1, n]).expect("allocate y");
@@ -332,7 +362,7 @@ fn bench_gemv<B: Backend<Storage = HostStorage>>(
         })
     });
     group.finish();
-    let run = GemvRun { level, dtype, n, k, bytes_per_call, copies, calls };
+    let run = GemvRun { level, dtype, scale, n, k, bytes_per_call, copies, calls };
     if let Some(median) = median(&run.calls) {
         println!(
             "  ({copies} copies of {:.1} MB = {:.2} GB rotated, filled in {:.1} s; {} calls timed, median \
@@ -429,22 +459,41 @@ fn random_unit_f32(len: usize, seed: u64) -> Vec<f32> {
     (0..len).map(|_| (splitmix(&mut state) >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0).collect()
 }
 
-/// A random weight `[n, k]`; e4m3fn weights get per-channel f32 scales in [0.5, 1) / 448, like
-/// scales from a per-row amax.
+/// `" block RxC"` for block scales, else nothing (for labels).
+fn block_text(scale: ScaleLayout) -> String {
+    match scale {
+        ScaleLayout::Block { block_rows, block_cols, .. } => format!(" block {block_rows}x{block_cols}"),
+        _ => String::new(),
+    }
+}
+
+/// A random weight `[n, k]` with f32 scales of the `scale` layout (none, per channel or per
+/// block), each in [0.5, 1) / 448 like scales from an amax.
 fn random_linear<B: Backend<Storage = HostStorage>>(
     backend: &B,
     dtype: DType,
+    scale: ScaleLayout,
     n: usize,
     k: usize,
     seed: u64,
 ) -> Linear<HostStorage> {
     let mut weight = backend.alloc(dtype, &[n, k]).expect("allocate weight");
     fill_weight(&mut weight, seed.wrapping_mul(0x2545_f491_4f6c_dd1d));
-    let scale = if dtype.is_fp8() {
-        let s: Vec<f32> = random_unit_f32(n, seed).iter().map(|u| (0.75 + 0.25 * u) / 448.0).collect();
-        WeightScale::PerChannel(backend.upload_f32(DType::F32, &[n], &s).expect("upload scales"))
-    } else {
-        WeightScale::None
+    let values = |len: usize| -> Vec<f32> {
+        random_unit_f32(len, seed).iter().map(|u| (0.75 + 0.25 * u) / 448.0).collect()
+    };
+    let scale = match scale {
+        ScaleLayout::None => WeightScale::None,
+        ScaleLayout::PerChannel(DType::F32) => {
+            WeightScale::PerChannel(backend.upload_f32(DType::F32, &[n], &values(n)).expect("upload scales"))
+        }
+        ScaleLayout::Block { block_rows, block_cols, dtype: DType::F32 } => {
+            let shape = [n.div_ceil(block_rows), k.div_ceil(block_cols)];
+            let scales =
+                backend.upload_f32(DType::F32, &shape, &values(shape[0] * shape[1])).expect("upload scales");
+            WeightScale::Block { block_rows, block_cols, scales }
+        }
+        other => panic!("the bench makes no scales of layout {other:?}"),
     };
     Linear { weight, scale }
 }
@@ -461,17 +510,25 @@ fn check_gemv<B: Backend<Storage = HostStorage>>(
     backend.synchronize().expect("synchronize");
     let [n, k] = [w.weight.shape()[0], w.weight.shape()[1]];
     let row_bytes = k * w.weight.dtype().size();
-    let scales: Option<&[f32]> = match &w.scale {
-        WeightScale::PerChannel(s) => Some(s.as_slice::<f32>()),
-        _ => None,
+    // The scale of element (row, col).
+    let scale_of = |row: usize, col: usize| -> f64 {
+        match &w.scale {
+            WeightScale::None => 1.0,
+            WeightScale::PerChannel(s) => s.as_slice::<f32>()[row] as f64,
+            WeightScale::Block { block_rows, block_cols, scales } => {
+                let per_row = k.div_ceil(*block_cols);
+                scales.as_slice::<f32>()[(row / block_rows) * per_row + col / block_cols] as f64
+            }
+            WeightScale::PerTensor(s) => *s as f64,
+        }
     };
     let y_values = y.as_slice::<f32>();
     for row in [0, 1, n / 2, n - 1] {
         let bytes = &w.weight.storage().bytes()[row * row_bytes..(row + 1) * row_bytes];
         let wr = decode_f32(w.weight.dtype(), bytes).expect("decode row");
-        let s = scales.map_or(1.0, |s| s[row] as f64);
-        let dot: f64 = wr.iter().zip(x).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * s;
-        let abs: f64 = wr.iter().zip(x).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum::<f64>() * s;
+        let products =
+            wr.iter().zip(x).enumerate().map(|(l, (&a, &b))| a as f64 * b as f64 * scale_of(row, l));
+        let (dot, abs) = products.fold((0.0, 0.0), |(d, m), p| (d + p, m + p.abs()));
         // f32 accumulation of k products: |error| <= k * u * sum |w x| (u = 2^-24; EPSILON = 2u
         // leaves room for the final scale multiply and a blocked summation order).
         let tol = k as f64 * f32::EPSILON as f64 * abs;
