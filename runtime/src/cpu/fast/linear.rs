@@ -1027,17 +1027,21 @@ mod tests {
                         Linear::plain(weight)
                     };
                     let x = fast.upload_f32(DType::F32, &[m, k], &vec![0.25; m * k]).unwrap();
-                    let mut y = fast.alloc(DType::F32, &[m, n]).unwrap();
+                    // y starts finite and far from every result, so an unwritten element fails.
+                    let mut y = fast.upload_f32(DType::F32, &[m, n], &vec![-1e6; m * n]).unwrap();
                     fast.linear(&x, &w, &mut y).unwrap();
                     let y = fast.read_f32(&y).unwrap();
-                    for (at, v) in y.iter().enumerate() {
+                    // Every finite row is k copies of 0.25 x the code 0x38's value (x the scale).
+                    let one = decode_f32(wt, &[0x38]).unwrap()[0] as f64;
+                    let want = k as f64 * 0.25 * one * if blocked { 0.5 } else { 1.0 };
+                    for (at, &v) in y.iter().enumerate() {
                         let j = at % n;
-                        assert_eq!(
-                            v.is_nan(),
-                            j == 2 || j == 4,
-                            "{} {wt} code {nan_code:#x} m {m} blocked {blocked}: row {j} = {v}",
-                            fast.simd()
-                        );
+                        let what = format!("{} {wt} code {nan_code:#x} m {m} blocked {blocked}", fast.simd());
+                        if j == 2 || j == 4 {
+                            assert!(v.is_nan(), "{what}: row {j} = {v}, want NaN");
+                        } else {
+                            assert_eq!(v as f64, want, "{what}: row {j}");
+                        }
                     }
                 }
             }
