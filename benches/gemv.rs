@@ -9,11 +9,15 @@
 //!    down_proj shape runs once more on the `avx512` level (f16 widening), for the ratio; and
 //!    e4m3fn with 128 x 128 block scales (DeepSeek-style checkpoints) runs at the down_proj
 //!    shape, with its ratio to per-channel scales;
-//! 3. one line per shape and dtype comparing the two, like with like: the GEMV figure is its best
-//!    full rotation (every copy once: at least the working set streamed, timed here call by call
-//!    in the same loop criterion times), the read peak is the best read pass (the working set
-//!    streamed once). Read passes are also taken before each GEMV shape and after the last, so a
-//!    machine shared with other work is not judged by one quiet or busy moment.
+//! 3. decode attention (`gemv/attention.rs`) at the Llama 3.1 8B heads over 8192 cached
+//!    positions, bf16 cache at batch 1, 4 and 16 and f32 at batch 1, each rotated over cache
+//!    copies that fill the same working set;
+//! 4. one line per GEMV shape and dtype and per attention case against the read peak, like with
+//!    like: the figure is its best full rotation (every copy once: at least the working set
+//!    streamed, timed here call by call in the same loop criterion times), the read peak is the
+//!    best read pass (the working set streamed once). Read passes are also taken before each
+//!    case and after the last, so a machine shared with other work is not judged by one quiet or
+//!    busy moment.
 //!
 //! Bytes are `memwall_runtime::cost::linear_bytes` (weight + scales + x + y) and `StreamBuffers::
 //! bytes_per_pass` (read + written), in decimal GB. A GEMV above the read peak is a bench bug (or
@@ -24,12 +28,15 @@
 use std::time::{Duration, Instant};
 
 use criterion::measurement::WallTime;
-use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput};
+use criterion::{Bencher, BenchmarkGroup, Criterion, SamplingMode, Throughput};
 use memwall::peak::{self, Kernel, StreamBuffers};
 use memwall::runtime::cost::{ScaleLayout, linear_bytes};
 use memwall::runtime::dtype::decode_f32;
 use memwall::runtime::{Backend, DType, HostStorage, HostTensor, Linear, WeightScale};
 use rayon::ThreadPool;
+
+#[path = "gemv/attention.rs"]
+mod attention;
 use rayon::prelude::*;
 
 /// Llama 3.1 8B projections of one layer, `(n rows, k cols)`.
@@ -66,24 +73,73 @@ struct GemvRun {
     scale: ScaleLayout,
     n: usize,
     k: usize,
+    timed: Rotated,
+}
+
+/// The timed calls of a benchmark that rotates over `copies` copies of its operands.
+struct Rotated {
     bytes_per_call: u64,
     copies: usize,
     /// Every timed call, in order: call `i` used copy `i % copies`.
     calls: Vec<Duration>,
 }
 
-impl GemvRun {
-    /// The shortest complete rotation (copies `0..copies` once each), summed over its calls.
-    fn best_rotation(&self) -> Option<Duration> {
-        self.calls.chunks_exact(self.copies).map(|r| r.iter().sum()).min()
+impl Rotated {
+    fn rotations(&self) -> Vec<Duration> {
+        self.calls.chunks_exact(self.copies).map(|r| r.iter().sum()).collect()
     }
 
-    /// The median full rotation: compared with the median read pass, a figure that one bursty
-    /// pass of either cannot move (this VM's read bandwidth jumps between ~35 and ~60 GB/s).
-    fn median_rotation(&self) -> Option<Duration> {
-        let mut r: Vec<Duration> = self.calls.chunks_exact(self.copies).map(|r| r.iter().sum()).collect();
-        r.sort();
-        r.get(r.len() / 2).copied()
+    fn gb_per_s(&self, rotation: Duration) -> f64 {
+        peak::gb_per_s(self.bytes_per_call * self.copies as u64, rotation)
+    }
+
+    /// The rate of the shortest complete rotation (copies `0..copies` once each, at least the
+    /// working set streamed).
+    fn best(&self) -> Option<f64> {
+        self.rotations().into_iter().min().map(|r| self.gb_per_s(r))
+    }
+
+    /// The rate of the median full rotation: compared with the median read pass, a figure that
+    /// one bursty pass of either cannot move (this VM's read bandwidth jumps between ~35 and ~60
+    /// GB/s).
+    fn median(&self) -> Option<f64> {
+        median(&self.rotations()).map(|r| self.gb_per_s(r))
+    }
+
+    /// Times `call(copy)` in criterion's loop, the copies in turn from `next`, each call's time
+    /// kept.
+    fn time(&mut self, bench: &mut Bencher<'_>, next: &mut usize, mut call: impl FnMut(usize)) {
+        bench.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let copy = *next % self.copies;
+                *next += 1;
+                let start = Instant::now();
+                call(copy);
+                let dt = start.elapsed();
+                total += dt;
+                self.calls.push(dt);
+            }
+            total
+        })
+    }
+
+    /// `<label>: X GB/s = P% of measured read peak R GB/s (median ...)`, or None before any
+    /// full rotation.
+    fn line(&self, label: &str, read: &Rates) -> Option<String> {
+        let best = self.best()?;
+        let median = self.median().map_or(String::new(), |m| {
+            format!(
+                " (median {m:.1} GB/s = {:.1}% of median read {:.1} GB/s)",
+                100.0 * m / read.median,
+                read.median
+            )
+        });
+        Some(format!(
+            "{label}: {best:.1} GB/s = {:.1}% of measured read peak {:.1} GB/s{median}",
+            100.0 * best / read.best,
+            read.best
+        ))
     }
 }
 
@@ -135,6 +191,11 @@ fn main() {
     let (n, k) = SHAPES[3];
     ceiling.sample_read(READ_PASSES_BETWEEN);
     runs.push(bench_gemv(&mut c, &backend, None, DType::F8E4M3Fn, BLOCK_128, n, k, working_set));
+    let mut attention_runs = Vec::new();
+    for (cache, rows) in attention::CASES {
+        ceiling.sample_read(READ_PASSES_BETWEEN);
+        attention_runs.push(attention::bench_attention(&mut c, &backend, cache, rows, working_set));
+    }
     ceiling.sample_read(READ_PASSES_BETWEEN);
     c.final_summary();
 
@@ -151,33 +212,17 @@ fn main() {
          in brackets, median rotation against median read pass"
     );
     for run in &runs {
-        let Some(rotation) = run.best_rotation() else {
-            continue;
-        };
-        let achieved = peak::gb_per_s(run.bytes_per_call * run.copies as u64, rotation);
-        let pct = 100.0 * achieved / read.best;
-        println!(
-            "gemv {} {}x{}{}{}: {achieved:.1} GB/s = {pct:.1}% of measured read peak {:.1} GB/s{}",
+        let label = format!(
+            "gemv {} {}x{}{}{}",
             run.dtype.name(),
             run.n,
             run.k,
             block_text(run.scale),
-            run.level.map_or(String::new(), |l| format!(" on {l}")),
-            read.best,
-            run.median_rotation().map_or(String::new(), |m| {
-                let median = peak::gb_per_s(run.bytes_per_call * run.copies as u64, m);
-                format!(
-                    " (median {median:.1} GB/s = {:.1}% of median read {:.1} GB/s)",
-                    100.0 * median / read.median,
-                    read.median
-                )
-            })
+            run.level.map_or(String::new(), |l| format!(" on {l}"))
         );
-        if pct > 100.0 {
-            println!(
-                "  warning: above the read peak: weights from cache, or a read kernel below the ceiling"
-            );
-        }
+        let Some(achieved) = print_figure(&label, &run.timed, &read) else {
+            continue;
+        };
         // A comparison run against the default's run of the same dtype and shape with the default
         // scales.
         let same = |r: &&GemvRun| {
@@ -185,10 +230,7 @@ fn main() {
                 && r.scale == default_scale(r.dtype)
                 && (r.dtype, r.n, r.k) == (run.dtype, run.n, run.k)
         };
-        let base = runs.iter().find(same).and_then(|r| {
-            let rate = peak::gb_per_s(r.bytes_per_call * r.copies as u64, r.best_rotation()?);
-            Some(rate)
-        });
+        let base = runs.iter().find(same).and_then(|r| r.timed.best());
         match (run.level, base) {
             (Some(level), Some(ours)) => println!(
                 "  fp8 widening: byte tables ({}) {ours:.1} GB/s = {:.2}x the f16 path ({level}) at this shape",
@@ -203,7 +245,26 @@ fn main() {
             _ => {}
         }
     }
+    println!(
+        "decode attention figures: best full rotation over the cache copies against the best read \
+         pass; in brackets, medians"
+    );
+    for run in &attention_runs {
+        print_figure(&run.label(), &run.timed, &read);
+    }
     println!("bench wall time: {:.1} s", started.elapsed().as_secs_f64());
+}
+
+/// Prints `timed`'s line against the read peak (with a warning above it) and returns its best
+/// rate; nothing before a full rotation.
+fn print_figure(label: &str, timed: &Rotated, read: &Rates) -> Option<f64> {
+    let line = timed.line(label, read)?;
+    println!("{line}");
+    let best = timed.best()?;
+    if best > read.best {
+        println!("  warning: above the read peak: operands from cache, or a read kernel below the ceiling");
+    }
+    Some(best)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -329,7 +390,7 @@ fn bench_gemv<B: Backend<Storage = HostStorage>>(
     let block_suffix = block_text(scale).replace(' ', "_");
     let mut group = c.benchmark_group(format!("gemv_{}{block_suffix}{level_suffix}", dtype.name()));
     group.throughput(Throughput::BytesDecimal(bytes_per_call));
-    let mut calls = Vec::new();
+    let mut timed = Rotated { bytes_per_call, copies, calls: Vec::new() };
     // Built on the first call, so a benchmark filtered out on the command line costs nothing;
     // criterion only counts the time `iter_custom` returns.
     let mut setup: Option<GemvSetup> = None;
@@ -346,36 +407,32 @@ fn bench_gemv<B: Backend<Storage = HostStorage>>(
             setup_time = start.elapsed();
             GemvSetup { weights, x, y, next: 0 }
         });
-        b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                let w = &s.weights[s.next % s.weights.len()];
-                s.next += 1;
-                let start = Instant::now();
-                backend.linear(&s.x, w, &mut s.y).expect("linear");
-                backend.synchronize().expect("synchronize");
-                let dt = start.elapsed();
-                total += dt;
-                calls.push(dt);
-            }
-            total
-        })
+        let GemvSetup { weights, x, y, next } = s;
+        timed.time(b, next, |i| {
+            backend.linear(x, &weights[i], y).expect("linear");
+            backend.synchronize().expect("synchronize");
+        });
     });
     group.finish();
-    let run = GemvRun { level, dtype, scale, n, k, bytes_per_call, copies, calls };
-    if let Some(median) = median(&run.calls) {
+    print_setup(&timed, weight_bytes, setup_time);
+    // `setup` drops here: the next shape allocates into the memory this one frees.
+    GemvRun { level, dtype, scale, n, k, timed }
+}
+
+/// `(C copies of X MB = Y GB rotated, filled in S s; N calls timed, median call R GB/s)`.
+fn print_setup(timed: &Rotated, copy_bytes: u64, setup_time: Duration) {
+    if let Some(median) = median(&timed.calls) {
         println!(
-            "  ({copies} copies of {:.1} MB = {:.2} GB rotated, filled in {:.1} s; {} calls timed, median \
-             call {:.1} GB/s)",
-            weight_bytes as f64 / 1e6,
-            (copies as u64 * weight_bytes) as f64 / 1e9,
+            "  ({} copies of {:.1} MB = {:.2} GB rotated, filled in {:.1} s; {} calls timed, median call \
+             {:.1} GB/s)",
+            timed.copies,
+            copy_bytes as f64 / 1e6,
+            (timed.copies as u64 * copy_bytes) as f64 / 1e9,
             setup_time.as_secs_f64(),
-            run.calls.len(),
-            peak::gb_per_s(bytes_per_call, median)
+            timed.calls.len(),
+            peak::gb_per_s(timed.bytes_per_call, median)
         );
     }
-    // `setup` drops here: the next shape allocates into the memory this one frees.
-    run
 }
 
 fn median(d: &[Duration]) -> Option<Duration> {

@@ -10,21 +10,30 @@
 //! every row's slot (`SlotOutOfRange`), position (`ContextOverflow`) and the table entries it
 //! reads (`BlockOutOfRange`) before writing anything.
 //!
-//! Algorithm: one task per (row, kv head), which serves the `heads / kv_heads` query heads of the
-//! group, so each cached key and value row is read once per group. Positions go in blocks of
-//! `POS_BLOCK`: the block's scores are computed, then the running max, the softmax denominator and
-//! the output accumulator (the output rows themselves) are rescaled once per block (online
-//! softmax in f32), and the block's values are added with vector FMAs.
+//! Algorithm: a task is a span of one row's positions, for all its heads: each cached position
+//! is one contiguous run of `kv_heads * head_dim` keys (and values), read once for every query
+//! head, so the cache streams in order. A row's positions are split into several spans where the
+//! rows alone would leave threads idle (decode at batch 1: flash-decoding's split along the
+//! sequence); each span keeps its running max, denominator and unnormalised output per head, and
+//! a merge per row rescales them to the common max. Positions go in blocks of `POS_BLOCK`: the
+//! block's scores are computed, then the running max, the softmax denominator and the output
+//! accumulator are rescaled once per block (online softmax in f32), and the block's values are
+//! added with vector FMAs.
 
 use half::{bf16, f16};
 
 use super::simd::{Elem, Kernel, Vector};
-use super::{Fast, TASK_F32, with_scratch};
+use super::{Fast, SPANS_F32, TASK_F32, with_scratch};
 use crate::ops::{AttnDims, KvCacheLayer};
 use crate::{DType, Error, Float, HostStorage, HostTensor, Result};
 
 /// Positions scored before the accumulator is rescaled.
 const POS_BLOCK: usize = 32;
+/// Fewest positions a span covers when a row is split: below it the merge and the spans' own
+/// setup cost more than another thread gives.
+const MIN_SPAN: usize = 256;
+/// Tasks per worker thread that splitting rows aims for.
+const TASKS_PER_THREAD: usize = 4;
 
 /// Runs `$body` with `$T` bound to the Rust type of the cache dtype `$dtype` (f32, bf16, f16).
 macro_rules! with_cache_type {
@@ -118,6 +127,24 @@ pub(crate) fn attention(
     scale: f32,
     out: &mut HostTensor,
 ) -> Result<()> {
+    attention_spans(fast, d, q, cache, table, slots, positions, scale, out, MIN_SPAN)
+}
+
+/// [`attention`] with rows split into spans of at least `min_span` positions (the tests make
+/// short rows split).
+#[allow(clippy::too_many_arguments)]
+fn attention_spans(
+    fast: &Fast,
+    d: AttnDims,
+    q: &HostTensor,
+    cache: &KvCacheLayer<HostStorage>,
+    table: &HostTensor,
+    slots: &HostTensor,
+    positions: &HostTensor,
+    scale: f32,
+    out: &mut HostTensor,
+    min_span: usize,
+) -> Result<()> {
     let op = "attention";
     let table = table.as_slice::<u32>();
     let slots = slots.as_slice::<u32>();
@@ -137,7 +164,7 @@ pub(crate) fn attention(
                 positions,
                 scale,
             };
-            attend_all(fast, job, out);
+            attend_all(fast, job, out, min_span);
             Ok(())
         })
     })
@@ -162,67 +189,147 @@ impl<K, C> Clone for Job<'_, K, C> {
 }
 impl<K, C> Copy for Job<'_, K, C> {}
 
-fn attend_all<K: Elem, C: Elem>(fast: &Fast, job: Job<'_, K, C>, out: &mut [f32]) {
+/// Spans per row: one where the rows give every thread work, else enough for
+/// `TASKS_PER_THREAD` tasks per thread, each of at least `min_span` of the longest row's
+/// positions.
+fn spans_per_row(rows: usize, longest: usize, threads: usize, min_span: usize) -> usize {
+    if threads <= 1 {
+        return 1;
+    }
+    let want = (threads * TASKS_PER_THREAD).div_ceil(rows.max(1));
+    want.min(longest.div_ceil(min_span.max(1))).max(1)
+}
+
+fn attend_all<K: Elem, C: Elem>(fast: &Fast, job: Job<'_, K, C>, out: &mut [f32], min_span: usize) {
     let d = job.d;
-    let group = d.heads / d.kv_heads;
+    let (heads, hd) = (d.heads, d.head_dim);
+    let rows = job.positions.len();
+    let len_of = |row: usize| job.positions[row] as usize + 1;
+    let longest = (0..rows).map(len_of).max().unwrap_or(0);
     // Work: every query head reads its row's cached positions.
-    let work = job.positions.iter().map(|&p| p as usize + 1).sum::<usize>() * d.heads * d.head_dim;
+    let work = (0..rows).map(len_of).sum::<usize>() * heads * hd;
+    let spans = spans_per_row(rows, longest, fast.threads, min_span);
     let simd = fast.simd;
-    fast.for_each_chunk(out, group * d.head_dim, work, |t, out| {
-        with_scratch(&TASK_F32, group * (POS_BLOCK + 2), 0.0, |scratch| {
-            simd.run(Group { job, task: t, out, scratch });
+    if spans == 1 {
+        // Each task owns its row's output: the accumulator, normalised at the end.
+        fast.for_each_chunk(out, heads * hd, work, |row, acc| {
+            with_scratch(&TASK_F32, heads * (POS_BLOCK + 2), 0.0, |scratch| {
+                let (scores, stats) = scratch.split_at_mut(heads * POS_BLOCK);
+                let (maxes, denoms) = stats.split_at_mut(heads);
+                simd.run(Span { job, row, p0: 0, p1: len_of(row), acc: &mut *acc, maxes, denoms, scores });
+                for (o, &den) in acc.chunks_exact_mut(hd).zip(&*denoms) {
+                    let inv = 1.0 / den;
+                    o.iter_mut().for_each(|e| *e *= inv);
+                }
+            });
+        });
+        return;
+    }
+    // Each span's accumulator, maxima and denominators: `heads * hd + 2 * heads` per span, the
+    // spans of a row together.
+    let part = heads * (hd + 2);
+    with_scratch(&SPANS_F32, rows * spans * part, 0.0, |parts| {
+        fast.for_each_chunk(parts, part, work, |t, part| {
+            let (row, span) = (t / spans, t % spans);
+            let len = len_of(row);
+            let per = len.div_ceil(spans);
+            let (p0, p1) = ((span * per).min(len), ((span + 1) * per).min(len));
+            let (acc, stats) = part.split_at_mut(heads * hd);
+            let (maxes, denoms) = stats.split_at_mut(heads);
+            with_scratch(&TASK_F32, heads * POS_BLOCK, 0.0, |scores| {
+                simd.run(Span { job, row, p0, p1, acc, maxes, denoms, scores });
+            });
+        });
+        let parts: &[f32] = parts;
+        fast.for_each_chunk(out, heads * hd, rows * spans * part, |row, out| {
+            merge(&parts[row * spans * part..][..spans * part], heads, hd, out);
         });
     });
 }
 
-/// One (row, kv head) task: the query heads of the group, their output rows and scratch.
-struct Group<'a, 'b, K, C> {
-    job: Job<'a, K, C>,
-    task: usize,
-    out: &'b mut [f32],
-    /// `group * POS_BLOCK` scores, then `group` running maxima and `group` denominators.
-    scratch: &'b mut [f32],
+/// A row's output from its spans' partial results (`parts`: per span, the unnormalised
+/// accumulator `[heads, hd]`, then `heads` maxima and `heads` denominators): each span is weighed
+/// by `exp(its max - the row's max)`. An empty span (max -inf, nothing summed) weighs 0.
+fn merge(parts: &[f32], heads: usize, hd: usize, out: &mut [f32]) {
+    let part = heads * (hd + 2);
+    for (h, o) in out.chunks_exact_mut(hd).enumerate() {
+        let max_of = |p: &[f32]| p[heads * hd + h];
+        let m = parts.chunks_exact(part).map(max_of).fold(f32::NEG_INFINITY, f32::max);
+        o.fill(0.0);
+        let mut den = 0.0;
+        for p in parts.chunks_exact(part) {
+            if max_of(p) == f32::NEG_INFINITY {
+                continue;
+            }
+            let w = (max_of(p) - m).exp();
+            den += w * p[heads * hd + heads + h];
+            for (e, &a) in o.iter_mut().zip(&p[h * hd..(h + 1) * hd]) {
+                *e += w * a;
+            }
+        }
+        let inv = 1.0 / den;
+        o.iter_mut().for_each(|e| *e *= inv);
+    }
 }
 
-impl<K: Elem, C: Elem> Kernel for Group<'_, '_, K, C> {
+/// Positions `p0..p1` of one row, every head: the unnormalised output, the running maxima and the
+/// denominators (`maxes` -inf and `denoms` 0 for an empty span), with `scores` as scratch.
+struct Span<'a, 'b, K, C> {
+    job: Job<'a, K, C>,
+    row: usize,
+    p0: usize,
+    p1: usize,
+    /// `[heads, hd]`.
+    acc: &'b mut [f32],
+    maxes: &'b mut [f32],
+    denoms: &'b mut [f32],
+    /// `heads * POS_BLOCK`.
+    scores: &'b mut [f32],
+}
+
+impl<K: Elem, C: Elem> Kernel for Span<'_, '_, K, C> {
     type Output = ();
 
     #[inline(always)]
     fn run<V: Vector>(self, v: V) {
-        let Group { job, task, out, scratch } = self;
+        let Span { job, row, p0, p1, acc, maxes, denoms, scores } = self;
         let d = job.d;
-        let hd = d.head_dim;
-        let group = d.heads / d.kv_heads;
-        let (row, kv_head) = (task / d.kv_heads, task % d.kv_heads);
+        let (heads, hd) = (d.heads, d.head_dim);
+        let group = heads / d.kv_heads;
+        let width = d.kv_heads * hd;
         let slot = job.slots[row] as usize;
-        let len = job.positions[row] as usize + 1;
-        let q = &job.q[(row * d.heads + kv_head * group) * hd..][..group * hd];
-        let (scores, stats) = scratch.split_at_mut(group * POS_BLOCK);
-        let (maxes, denoms) = stats.split_at_mut(group);
+        let q = &job.q[row * heads * hd..][..heads * hd];
         maxes.fill(f32::NEG_INFINITY);
         denoms.fill(0.0);
-        out.fill(0.0);
+        acc.fill(0.0);
 
-        let mut p0 = 0;
-        while p0 < len {
-            let p1 = len.min(p0 + POS_BLOCK);
-            // Scores of the block.
-            for p in p0..p1 {
-                let at = cache_at(d, job.table, slot, p, kv_head);
-                let key = &job.k[at..at + hd];
-                for h in 0..group {
-                    scores[h * POS_BLOCK + p - p0] = job.scale * dot(v, &q[h * hd..(h + 1) * hd], key);
+        let mut b0 = p0;
+        while b0 < p1 {
+            let b1 = p1.min(b0 + POS_BLOCK);
+            // Scores of the block: each position's keys, all kv heads, in one run.
+            for p in b0..b1 {
+                if p + AHEAD < p1 {
+                    let at = cache_at(d, job.table, slot, p + AHEAD, 0);
+                    prefetch(&job.k[at..at + width]);
+                }
+                let at = cache_at(d, job.table, slot, p, 0);
+                // This position's values, for the block's value pass.
+                prefetch(&job.v[at..at + width]);
+                let keys = &job.k[at..at + width];
+                for (h, qh) in q.chunks_exact(hd).enumerate() {
+                    let g = h / group;
+                    scores[h * POS_BLOCK + p - b0] = job.scale * dot(v, qh, &keys[g * hd..(g + 1) * hd]);
                 }
             }
             // Online softmax: rescale what was summed under the old maximum.
-            for h in 0..group {
-                let s = &mut scores[h * POS_BLOCK..h * POS_BLOCK + p1 - p0];
+            for h in 0..heads {
+                let s = &mut scores[h * POS_BLOCK..h * POS_BLOCK + b1 - b0];
                 let block_max = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
                 let new_max = maxes[h].max(block_max);
                 if new_max > maxes[h] {
                     let c = (maxes[h] - new_max).exp();
                     denoms[h] *= c;
-                    scale_in_place(v, &mut out[h * hd..(h + 1) * hd], c);
+                    scale_in_place(v, &mut acc[h * hd..(h + 1) * hd], c);
                     maxes[h] = new_max;
                 }
                 for e in s.iter_mut() {
@@ -230,20 +337,44 @@ impl<K: Elem, C: Elem> Kernel for Group<'_, '_, K, C> {
                     denoms[h] += *e;
                 }
             }
-            // Weighted values.
-            for p in p0..p1 {
-                let at = cache_at(d, job.table, slot, p, kv_head);
-                let value = &job.v[at..at + hd];
-                for h in 0..group {
-                    axpy(v, &mut out[h * hd..(h + 1) * hd], scores[h * POS_BLOCK + p - p0], value);
+            // Weighted values: per kv head, the block's value rows into each of its query heads'
+            // accumulators, which stay in registers across the block.
+            let n = b1 - b0;
+            let mut rows: [&[C]; POS_BLOCK] = [&[]; POS_BLOCK];
+            for g in 0..d.kv_heads {
+                for (i, row) in rows[..n].iter_mut().enumerate() {
+                    let at = cache_at(d, job.table, slot, b0 + i, g);
+                    *row = &job.v[at..at + hd];
+                }
+                for h in g * group..(g + 1) * group {
+                    let w = &scores[h * POS_BLOCK..h * POS_BLOCK + n];
+                    axpy_rows(v, &mut acc[h * hd..(h + 1) * hd], w, &rows[..n]);
                 }
             }
-            p0 = p1;
-        }
-        for h in 0..group {
-            scale_in_place(v, &mut out[h * hd..(h + 1) * hd], 1.0 / denoms[h]);
+            b0 = b1;
         }
     }
+}
+
+/// Positions ahead whose keys (values) are asked for while a position's are used. The cache
+/// blocks are scattered, so the hardware prefetchers, which stop at each 4 KiB page, leave most
+/// of a position's lines to be fetched on demand.
+const AHEAD: usize = 4;
+
+/// Asks for the cache lines of `row` (a hint: it changes no result).
+#[inline(always)]
+fn prefetch<T>(row: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        let (p, bytes) = (row.as_ptr().cast::<i8>(), size_of_val(row));
+        for off in (0..bytes).step_by(64) {
+            // SAFETY: a prefetch never faults, and the address is inside `row`.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(off)) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = row;
 }
 
 /// `a . b`, f32 accumulation (b widened; cache types have `POST == 1`).
@@ -274,23 +405,53 @@ pub(crate) fn dot<V: Vector, T: Elem>(v: V, a: &[f32], b: &[T]) -> f32 {
     s
 }
 
-/// `y += a * x` (x widened; cache types have `POST == 1`).
+/// `y += sum_i w[i] * rows[i]` (rows widened; cache types have `POST == 1`), `y` held in
+/// registers four vectors at a time across all the rows.
 #[inline(always)]
-pub(crate) fn axpy<V: Vector, T: Elem>(v: V, y: &mut [f32], a: f32, x: &[T]) {
-    debug_assert!(T::POST == 1.0 && y.len() == x.len());
-    let len = y.len().min(x.len());
-    let av = v.splat(a);
+fn axpy_rows<V: Vector, T: Elem>(v: V, y: &mut [f32], w: &[f32], rows: &[&[T]]) {
+    debug_assert!(T::POST == 1.0);
+    let len = y.len();
+    assert!(w.len() == rows.len() && rows.iter().all(|r| r.len() >= len));
     let mut l = 0;
-    while l + V::LANES <= len {
-        // SAFETY: l + LANES <= len, the length of both slices.
+    while l + 4 * V::LANES <= len {
+        // SAFETY: l + 4 LANES <= len, the length of y and at most that of every row (asserted).
         unsafe {
             let p = y.as_mut_ptr().add(l);
-            v.store(p, v.fma(av, v.load_elem(x.as_ptr().add(l)), v.load(p)));
+            let mut a = [
+                v.load(p),
+                v.load(p.add(V::LANES)),
+                v.load(p.add(2 * V::LANES)),
+                v.load(p.add(3 * V::LANES)),
+            ];
+            for (row, &wi) in rows.iter().zip(w) {
+                let ws = v.splat(wi);
+                let r = row.as_ptr().add(l);
+                for (i, a) in a.iter_mut().enumerate() {
+                    *a = v.fma(ws, v.load_elem(r.add(i * V::LANES)), *a);
+                }
+            }
+            for (i, &a) in a.iter().enumerate() {
+                v.store(p.add(i * V::LANES), a);
+            }
+        }
+        l += 4 * V::LANES;
+    }
+    while l + V::LANES <= len {
+        // SAFETY: l + LANES <= len, as above.
+        unsafe {
+            let p = y.as_mut_ptr().add(l);
+            let mut a = v.load(p);
+            for (row, &wi) in rows.iter().zip(w) {
+                a = v.fma(v.splat(wi), v.load_elem(row.as_ptr().add(l)), a);
+            }
+            v.store(p, a);
         }
         l += V::LANES;
     }
-    for (y, x) in y[l..len].iter_mut().zip(&x[l..len]) {
-        *y += a * x.widen();
+    for (e, y) in y.iter_mut().enumerate().skip(l) {
+        for (row, &wi) in rows.iter().zip(w) {
+            *y += wi * row[e].widen();
+        }
     }
 }
 
@@ -412,6 +573,16 @@ mod tests {
         }
         let what = format!("attention {} k={kt} v={vt} heads {heads}/{kv_heads} hd {hd}", fast.simd());
         assert_close(&what, &fast.read_f32(&out).unwrap(), &want, &tol);
+
+        // The rows split into spans (of one position and up: some rows are shorter than their
+        // spans, so some spans are empty), merged: within the same bound. The output starts
+        // poisoned, so an element the merge does not write fails.
+        let d = crate::ops::check_attention(&q, &cache, &table, &slots, &pos, scale, &out).unwrap();
+        let spans = spans_per_row(rows, 80, fast.threads(), 1);
+        assert!(spans > 1, "{} rows on {} threads: no split", rows, fast.threads());
+        fast.write(&mut out, bytemuck::cast_slice(&vec![f32::NAN; rows * heads * hd])).unwrap();
+        attention_spans(fast, d, &q, &cache, &table, &slots, &pos, scale, &mut out, 1).unwrap();
+        assert_close(&format!("{what} in {spans} spans"), &fast.read_f32(&out).unwrap(), &want, &tol);
     }
 
     #[test]
