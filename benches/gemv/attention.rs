@@ -19,6 +19,10 @@ use memwall::runtime::dtype::decode_f32;
 use memwall::runtime::{Backend, DType, HostStorage, HostTensor, KvCacheLayer};
 use rayon::prelude::*;
 
+#[path = "../shared/attention_ref.rs"]
+mod attention_ref;
+use attention_ref::head_reference;
+
 use super::{FILL_CHUNK, Rotated, bf16_unit_bits, print_setup, random_unit_f32, splitmix};
 
 /// Positions each sequence attends over.
@@ -207,29 +211,14 @@ fn check(rows: usize, k: &[f32], v: &[f32], table: &[u32], q: &[f32], scale: f32
                 let block = table[row * per_seq + p / BLOCK] as usize;
                 ((block * BLOCK + p % BLOCK) * KV_HEADS + g) * HEAD_DIM
             };
-            let mut s = vec![0f64; CONTEXT];
-            let mut a_max = 0f64;
-            for (p, s_p) in s.iter_mut().enumerate() {
-                let kk = &k[at(p)..][..HEAD_DIM];
-                let (dot, abs) = qh.iter().zip(kk).fold((0f64, 0f64), |(d, a), (&qe, &ke)| {
-                    let t = f64::from(qe) * f64::from(ke);
-                    (d + t, a + t.abs())
-                });
-                *s_p = scale * dot;
-                a_max = a_max.max(scale * abs);
-            }
-            let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let w: Vec<f64> = s.iter().map(|&x| (x - m).exp()).collect();
-            let z: f64 = w.iter().sum();
-            let delta = (gamma(HEAD_DIM + 1) + 2.0 * U) * a_max;
+            // The head's rows, position by position.
+            let head = |cache: &[f32]| -> Vec<f32> {
+                (0..CONTEXT).flat_map(|p| cache[at(p)..][..HEAD_DIM].iter().copied()).collect()
+            };
+            let exact = head_reference(qh, &head(k), &head(v), scale);
+            let delta = (gamma(HEAD_DIM + 1) + 2.0 * U) * exact.a_max;
             let rel = (2.0 * delta).exp_m1() + 2.0 * gamma(CONTEXT) + 2.0 * U * CONTEXT as f64 + 17.0 * U;
-            for d in 0..HEAD_DIM {
-                let (mut o, mut pv_abs) = (0f64, 0f64);
-                for (p, &wp) in w.iter().enumerate() {
-                    let val = f64::from(v[at(p) + d]);
-                    o += wp / z * val;
-                    pv_abs += wp / z * val.abs();
-                }
+            for (d, (&o, &pv_abs)) in exact.out.iter().zip(&exact.pv_abs).enumerate() {
                 let got = f64::from(out[(row * HEADS + h) * HEAD_DIM + d]);
                 let tol = rel * pv_abs + U * o.abs();
                 assert!(

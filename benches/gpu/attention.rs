@@ -15,6 +15,10 @@ use memwall::model::session::DEFAULT_BLOCK_SIZE;
 use memwall::runtime::cost::attention_traffic;
 use memwall::runtime::{Backend, DType, KvCacheLayer, Tensor};
 
+#[path = "../shared/attention_ref.rs"]
+mod attention_ref;
+use attention_ref::head_reference;
+
 use super::{
     Ctx, CudaGpu, Storage, WORKING_SET, best_rotation, gamma, random_bytes, random_unit, timed_calls,
 };
@@ -111,8 +115,7 @@ fn check(gpu: &CudaGpu, b: &mut Batch, k: &[u8], v: &[u8], table: &[u32], q: &[f
     super::poison(gpu, &mut b.out);
     b.call(gpu, 0).expect("attention");
     let out = super::read_f32(gpu, &b.out);
-    let bf16 =
-        |bytes: &[u8], e: usize| f64::from(half::bf16::from_le_bytes([bytes[2 * e], bytes[2 * e + 1]]));
+    let bf16 = |bytes: &[u8], e: usize| half::bf16::from_le_bytes([bytes[2 * e], bytes[2 * e + 1]]).to_f32();
     let per_seq = CONTEXT.div_ceil(BLOCK);
     let scale = f64::from(b.scale);
     for row in [0, b.rows - 1] {
@@ -124,39 +127,23 @@ fn check(gpu: &CudaGpu, b: &mut Batch, k: &[u8], v: &[u8], table: &[u32], q: &[f
                 let block = table[row * per_seq + p / BLOCK] as usize;
                 ((block * BLOCK + p % BLOCK) * KV_HEADS + g) * HEAD_DIM
             };
-            let mut s = vec![0f64; CONTEXT];
-            let mut a_max = 0f64;
-            for (p, s_p) in s.iter_mut().enumerate() {
-                let (mut dot, mut abs) = (0f64, 0f64);
-                for (e, &qe) in qh.iter().enumerate() {
-                    let t = f64::from(qe) * bf16(k, at(p) + e);
-                    dot += t;
-                    abs += t.abs();
-                }
-                *s_p = scale * dot;
-                a_max = a_max.max(scale * abs);
-            }
-            let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let w: Vec<f64> = s.iter().map(|&x| (x - m).exp()).collect();
-            let z: f64 = w.iter().sum();
+            // The head's rows, position by position.
+            let head = |bytes: &[u8]| -> Vec<f32> {
+                (0..CONTEXT).flat_map(|p| (0..HEAD_DIM).map(move |e| bf16(bytes, at(p) + e))).collect()
+            };
+            let exact = head_reference(qh, &head(k), &head(v), scale);
             // tests/gpu_attention.rs `bounds`: logits off by delta in f32 (head_dim products, the
             // log2 e scale, the running max), exp2 within 2 ulps, sums over the positions of a
             // lane group, its block and the splits, a rescale per position and two merges; all
             // relative to sum_t p_t |v_t|, plus our own rounding of the exact value.
-            let delta = (gamma(HEAD_DIM + 2, U) + 2.0 * U) * a_max;
+            let delta = (gamma(HEAD_DIM + 2, U) + 2.0 * U) * exact.a_max;
             let rel = (2.0 * delta).exp_m1()
                 + 2.0 * gamma(CONTEXT + 144, U)
                 + 10.0 * U * CONTEXT as f64
                 + 16.0 * U
                 + 36.0 * U
                 + U;
-            for d in 0..HEAD_DIM {
-                let (mut o, mut pv_abs) = (0f64, 0f64);
-                for (p, &wp) in w.iter().enumerate() {
-                    let val = bf16(v, at(p) + d);
-                    o += wp / z * val;
-                    pv_abs += wp / z * val.abs();
-                }
+            for (d, (&o, &pv_abs)) in exact.out.iter().zip(&exact.pv_abs).enumerate() {
                 let got = out[(row * HEADS + h) * HEAD_DIM + d];
                 let what = format!("attention batch {} row {row} head {h} dim {d}", b.rows);
                 super::expect_close(&what, got, o, rel * pv_abs + U * o.abs());
