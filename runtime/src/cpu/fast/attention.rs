@@ -309,13 +309,18 @@ impl<K: Elem, C: Elem> Kernel for Span<'_, '_, K, C> {
         let mut b0 = p0;
         while b0 < p1 {
             let b1 = p1.min(b0 + POS_BLOCK);
+            // Each position's offset in the cache (kv head 0), once per block: both passes use it.
+            let mut offsets = [0usize; POS_BLOCK];
+            for (i, at) in offsets[..b1 - b0].iter_mut().enumerate() {
+                *at = cache_at(d, job.table, slot, b0 + i, 0);
+            }
             // Scores of the block: each position's keys, all kv heads, in one run.
             for p in b0..b1 {
                 if p + AHEAD < p1 {
                     let at = cache_at(d, job.table, slot, p + AHEAD, 0);
                     prefetch(&job.k[at..at + width]);
                 }
-                let at = cache_at(d, job.table, slot, p, 0);
+                let at = offsets[p - b0];
                 let keys = &job.k[at..at + width];
                 for (g, key) in keys.chunks_exact(hd).enumerate() {
                     // The group's query heads in sets of 4, 2 or 1, each key vector widened once
@@ -357,8 +362,8 @@ impl<K: Elem, C: Elem> Kernel for Span<'_, '_, K, C> {
             let n = b1 - b0;
             let mut rows: [&[C]; POS_BLOCK] = [&[]; POS_BLOCK];
             for g in 0..d.kv_heads {
-                for (i, row) in rows[..n].iter_mut().enumerate() {
-                    let at = cache_at(d, job.table, slot, b0 + i, g);
+                for (row, &at) in rows[..n].iter_mut().zip(&offsets) {
+                    let at = at + g * hd;
                     *row = &job.v[at..at + hd];
                 }
                 // The group's heads in sets of 4, 2 or 1, each value vector widened once per set.
