@@ -37,6 +37,9 @@ use rayon::ThreadPool;
 
 #[path = "gemv/attention.rs"]
 mod attention;
+#[path = "shared/common.rs"]
+mod common;
+use common::splitmix;
 use rayon::prelude::*;
 
 /// Llama 3.1 8B projections of one layer, `(n rows, k cols)`.
@@ -445,14 +448,6 @@ fn median(d: &[Duration]) -> Option<Duration> {
 // Inputs
 
 /// splitmix64: one 64-bit draw per step.
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 /// A bf16 in (-1, 1) from 16 random bits: 7 mantissa bits, a sign, and an exponent below 2^0 given
 /// by the leading zeros of the top byte (geometric, as for a uniform draw), capped at 7, so the
 /// magnitude lies in [2^-8, 1). Never zero, subnormal, infinite or NaN.

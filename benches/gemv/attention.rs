@@ -21,9 +21,10 @@ use rayon::prelude::*;
 
 #[path = "../shared/attention_ref.rs"]
 mod attention_ref;
-use attention_ref::head_reference;
+use attention_ref::{Paged, head_reference, head_rows};
 
-use super::{FILL_CHUNK, Rotated, bf16_unit_bits, print_setup, random_unit_f32, splitmix};
+use super::common::{gamma, shuffled, splitmix};
+use super::{FILL_CHUNK, Rotated, bf16_unit_bits, print_setup, random_unit_f32};
 
 /// Positions each sequence attends over.
 pub const CONTEXT: usize = 8192;
@@ -177,23 +178,6 @@ fn f32_unit_bits(r: u32) -> u32 {
     (sign << 31) | ((126 - below) << 23) | mantissa
 }
 
-/// A permutation of `0..n` (Fisher-Yates on splitmix).
-fn shuffled(n: usize, seed: u64) -> Vec<u32> {
-    let mut v: Vec<u32> = (0..n as u32).collect();
-    let mut s = seed;
-    for i in (1..n).rev() {
-        let j = (splitmix(&mut s) % (i as u64 + 1)) as usize;
-        v.swap(i, j);
-    }
-    v
-}
-
-/// `gamma(n) = n u / (1 - n u)`, f32.
-fn gamma(n: usize) -> f64 {
-    let nu = n as f64 * U;
-    nu / (1.0 - nu)
-}
-
 /// Heads 0, 5 and 31 of the first and last rows against an f64 softmax over the host's cache,
 /// within tests/ops.rs's bound for the fast backend: every logit off by at most delta =
 /// (gamma(hd + 1) + 2u) A_max, so the weights by e^(+-2 delta); 2 gamma(t) for the sums, 2u per
@@ -206,18 +190,12 @@ fn check(rows: usize, k: &[f32], v: &[f32], table: &[u32], q: &[f32], scale: f32
         for h in [0, 5, HEADS - 1] {
             let g = h / (HEADS / KV_HEADS);
             let qh = &q[(row * HEADS + h) * HEAD_DIM..][..HEAD_DIM];
-            // Element 0 of key (and value) position p of this row's sequence and KV head g.
-            let at = |p: usize| {
-                let block = table[row * per_seq + p / BLOCK] as usize;
-                ((block * BLOCK + p % BLOCK) * KV_HEADS + g) * HEAD_DIM
-            };
-            // The head's rows, position by position.
-            let head = |cache: &[f32]| -> Vec<f32> {
-                (0..CONTEXT).flat_map(|p| cache[at(p)..][..HEAD_DIM].iter().copied()).collect()
-            };
+            let layout = Paged { block: BLOCK, kv_heads: KV_HEADS, head_dim: HEAD_DIM };
+            let table_row = &table[row * per_seq..][..per_seq];
+            let head = |cache: &[f32]| head_rows(layout, table_row, g, CONTEXT, |i| cache[i]);
             let exact = head_reference(qh, &head(k), &head(v), scale);
-            let delta = (gamma(HEAD_DIM + 1) + 2.0 * U) * exact.a_max;
-            let rel = (2.0 * delta).exp_m1() + 2.0 * gamma(CONTEXT) + 2.0 * U * CONTEXT as f64 + 17.0 * U;
+            let delta = (gamma(HEAD_DIM + 1, U) + 2.0 * U) * exact.a_max;
+            let rel = (2.0 * delta).exp_m1() + 2.0 * gamma(CONTEXT, U) + 2.0 * U * CONTEXT as f64 + 17.0 * U;
             for (d, (&o, &pv_abs)) in exact.out.iter().zip(&exact.pv_abs).enumerate() {
                 let got = f64::from(out[(row * HEADS + h) * HEAD_DIM + d]);
                 let tol = rel * pv_abs + U * o.abs();

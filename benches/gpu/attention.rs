@@ -17,10 +17,11 @@ use memwall::runtime::{Backend, DType, KvCacheLayer, Tensor};
 
 #[path = "../shared/attention_ref.rs"]
 mod attention_ref;
-use attention_ref::head_reference;
+use attention_ref::{Paged, head_reference, head_rows};
 
 use super::{
-    Ctx, CudaGpu, Storage, WORKING_SET, best_rotation, gamma, random_bytes, random_unit, timed_calls,
+    Ctx, CudaGpu, Storage, WORKING_SET, best_rotation, gamma, random_bytes, random_unit, shuffled,
+    timed_calls,
 };
 
 /// Positions each sequence attends over.
@@ -50,17 +51,6 @@ impl Batch {
         let Batch { caches, table, slots, positions, q, out, scale, .. } = self;
         gpu.attention(q, &caches[i], table, slots, positions, *scale, out)
     }
-}
-
-/// A permutation of `0..n` (Fisher-Yates on splitmix).
-fn shuffled(n: usize, seed: u64) -> Vec<u32> {
-    let mut v: Vec<u32> = (0..n as u32).collect();
-    let mut s = seed;
-    for i in (1..n).rev() {
-        let j = (super::splitmix(&mut s) % (i as u64 + 1)) as usize;
-        v.swap(i, j);
-    }
-    v
 }
 
 fn setup(gpu: &CudaGpu, rows: usize) -> Batch {
@@ -122,15 +112,9 @@ fn check(gpu: &CudaGpu, b: &mut Batch, k: &[u8], v: &[u8], table: &[u32], q: &[f
         for h in [0, 5, HEADS - 1] {
             let g = h / (HEADS / KV_HEADS);
             let qh = &q[(row * HEADS + h) * HEAD_DIM..][..HEAD_DIM];
-            // Element 0 of key (and value) position p of this row's sequence and KV head g.
-            let at = |p: usize| {
-                let block = table[row * per_seq + p / BLOCK] as usize;
-                ((block * BLOCK + p % BLOCK) * KV_HEADS + g) * HEAD_DIM
-            };
-            // The head's rows, position by position.
-            let head = |bytes: &[u8]| -> Vec<f32> {
-                (0..CONTEXT).flat_map(|p| (0..HEAD_DIM).map(move |e| bf16(bytes, at(p) + e))).collect()
-            };
+            let layout = Paged { block: BLOCK, kv_heads: KV_HEADS, head_dim: HEAD_DIM };
+            let table_row = &table[row * per_seq..][..per_seq];
+            let head = |bytes: &[u8]| head_rows(layout, table_row, g, CONTEXT, |e| bf16(bytes, e));
             let exact = head_reference(qh, &head(k), &head(v), scale);
             // tests/gpu_attention.rs `bounds`: logits off by delta in f32 (head_dim products, the
             // log2 e scale, the running max), exp2 within 2 ulps, sums over the positions of a

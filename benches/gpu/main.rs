@@ -27,6 +27,8 @@
 //! `MEMWALL_REQUIRE_GPU=1`.
 
 mod attention;
+#[path = "../shared/common.rs"]
+mod common;
 mod experts;
 mod gemm;
 mod gemv;
@@ -39,6 +41,8 @@ use memwall::runtime::gpu::cuda::cudarc::cublas::{result as cublas, sys as cubla
 use memwall::runtime::gpu::{Device, Gpu};
 use memwall::runtime::{Backend, DType, Tensor};
 use rayon::prelude::*;
+
+pub use common::{gamma, shuffled, splitmix};
 
 pub const WORKING_SET: usize = 1 << 30;
 pub const ROTATIONS: usize = 10;
@@ -65,14 +69,6 @@ impl Ctx {
         }
         over
     }
-}
-
-pub fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
 }
 
 /// `len` f32 values uniform in [-1, 1).
@@ -115,12 +111,6 @@ pub fn poison(gpu: &CudaGpu, t: &mut Tensor<Storage>) {
 
 pub fn read_f32(gpu: &CudaGpu, t: &Tensor<Storage>) -> Vec<f32> {
     gpu.read_f32(t).expect("read the output")
-}
-
-/// `gamma'(n) = n u / (1 - n u)`: the bound of an `n`-term f32 sum's error relative to the sum of
-/// the terms' magnitudes, for unit roundoff `u` (2^-24 rounding to nearest, 2^-23 truncating).
-pub fn gamma(n: usize, u: f64) -> f64 {
-    n as f64 * u / (1.0 - n as f64 * u)
 }
 
 /// Fails the bench where `got` is not within `bound` of `want` (NaN never is).

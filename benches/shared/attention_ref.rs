@@ -1,5 +1,6 @@
 //! The exact (f64) attention of one query head, which the CPU and GPU attention benches check a
-//! backend against before timing it, each with its own bound.
+//! backend against before timing it, each with its own bound, and the gather of a head's rows
+//! from a paged cache that it takes.
 
 /// One head's exact result over its positions.
 pub struct HeadRef {
@@ -31,6 +32,34 @@ pub fn head_reference(q: &[f32], keys: &[f32], values: &[f32], scale: f64) -> He
         }
     }
     HeadRef { out, pv_abs, a_max }
+}
+
+/// Where a paged cache keeps its rows: blocks of `block` positions, each position
+/// `[kv_heads, head_dim]`, a sequence's blocks named by its row of the block table.
+#[derive(Clone, Copy)]
+pub struct Paged {
+    pub block: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// KV head `g`'s cached rows for positions `0..context` of the sequence whose block-table row is
+/// `table_row`, position by position (`[context, head_dim]`), as `elem` reads the cache's element
+/// at an index (so any cache dtype).
+pub fn head_rows(
+    layout: Paged,
+    table_row: &[u32],
+    g: usize,
+    context: usize,
+    elem: impl Fn(usize) -> f32,
+) -> Vec<f32> {
+    let Paged { block, kv_heads, head_dim } = layout;
+    let mut rows = Vec::with_capacity(context * head_dim);
+    for p in 0..context {
+        let at = ((table_row[p / block] as usize * block + p % block) * kv_heads + g) * head_dim;
+        rows.extend((at..at + head_dim).map(&elem));
+    }
+    rows
 }
 
 fn dot(a: &[f32], b: &[f32]) -> f64 {
