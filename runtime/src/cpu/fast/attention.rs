@@ -16,7 +16,9 @@
 //! rows alone would leave threads idle (decode at batch 1: flash-decoding's split along the
 //! sequence); each span keeps its running max, denominator and unnormalised output per head, and
 //! a merge per row rescales them to the common max. Positions go in blocks of `POS_BLOCK`: the
-//! block's scores are computed, then the running max, the softmax denominator and the output
+//! block's scores are computed (several positions per pass over q, each dot one FMA chain, their
+//! lane sums reduced four at a time), with the keys and values of later positions prefetched,
+//! then the running max, the softmax denominator and the output
 //! accumulator are rescaled once per block (online softmax in f32), and the block's values are
 //! added with vector FMAs.
 
@@ -309,36 +311,36 @@ impl<K: Elem, C: Elem> Kernel for Span<'_, '_, K, C> {
         let mut b0 = p0;
         while b0 < p1 {
             let b1 = p1.min(b0 + POS_BLOCK);
-            // Each position's offset in the cache (kv head 0), once per block: both passes use it.
-            let mut offsets = [0usize; POS_BLOCK];
-            for (i, at) in offsets[..b1 - b0].iter_mut().enumerate() {
+            // Each position's offset in the cache (kv head 0), once per block, and those of the
+            // AHEAD positions after it for the prefetch: both passes use them.
+            let (n, known) = (b1 - b0, p1.min(b1 + AHEAD) - b0);
+            let mut offsets = [0usize; POS_BLOCK + AHEAD];
+            for (i, at) in offsets[..known].iter_mut().enumerate() {
                 *at = cache_at(d, job.table, slot, b0 + i, 0);
             }
-            // Scores of the block: each position's keys, all kv heads, in one run.
-            for p in b0..b1 {
-                if p + AHEAD < p1 {
-                    let at = cache_at(d, job.table, slot, p + AHEAD, 0);
+            let ahead = &offsets[..known];
+            // Scores of the block: each position's keys, all kv heads, in one run; several
+            // positions at a time (as registers allow), each query vector loaded once for them.
+            let mut i = 0;
+            while i < n {
+                let take = if V::LANES >= 16 && i + 4 <= n {
+                    4
+                } else if i + 2 <= n {
+                    2
+                } else {
+                    1
+                };
+                for &at in ahead.iter().skip(i + AHEAD).take(take) {
                     prefetch(&job.k[at..at + width]);
+                    prefetch(&job.v[at..at + width]);
                 }
-                let at = offsets[p - b0];
-                let keys = &job.k[at..at + width];
-                for (g, key) in keys.chunks_exact(hd).enumerate() {
-                    // The group's query heads in sets of 4, 2 or 1, each key vector widened once
-                    // per set.
-                    let (mut h, end) = (g * group, (g + 1) * group);
-                    while h < end {
-                        let qs = &q[h * hd..end * hd];
-                        let set: &[f32] = match end - h {
-                            4.. => &dots::<V, K, 4>(v, qs, hd, key),
-                            2 | 3 => &dots::<V, K, 2>(v, qs, hd, key),
-                            _ => &dots::<V, K, 1>(v, qs, hd, key),
-                        };
-                        for (i, &dot) in set.iter().enumerate() {
-                            scores[(h + i) * POS_BLOCK + p - b0] = job.scale * dot;
-                        }
-                        h += set.len();
-                    }
+                let at = &offsets[i..i + take];
+                match take {
+                    4 => score_positions::<V, K, 4>(v, job.k, at, i, q, d, job.scale, scores),
+                    2 => score_positions::<V, K, 2>(v, job.k, at, i, q, d, job.scale, scores),
+                    _ => score_positions::<V, K, 1>(v, job.k, at, i, q, d, job.scale, scores),
                 }
+                i += take;
             }
             // Online softmax: rescale what was summed under the old maximum.
             for h in 0..heads {
@@ -359,7 +361,6 @@ impl<K: Elem, C: Elem> Kernel for Span<'_, '_, K, C> {
             }
             // Weighted values: per kv head, the block's value rows into each of its query heads'
             // accumulators, which stay in registers across the block.
-            let n = b1 - b0;
             let mut rows: [&[C]; POS_BLOCK] = [&[]; POS_BLOCK];
             for g in 0..d.kv_heads {
                 for (row, &at) in rows[..n].iter_mut().zip(&offsets) {
@@ -409,10 +410,13 @@ fn exp_nonpositive(x: f32) -> f32 {
     if x < LOWEST { 0.0 } else { p * two_n }
 }
 
-/// Positions ahead whose keys are asked for while a position's are scored. The cache blocks are
-/// scattered, and the hardware prefetchers stop at each 4 KiB page. (Measured, Intel Xeon VM, 2
-/// threads, 8192 positions: within noise of no prefetch, 0-6% better; asking for the values too,
-/// or into L2 only, was no better.)
+/// Positions ahead whose keys and values are asked for while a position's keys are scored. The
+/// cache blocks are scattered and the hardware prefetchers stop at each 4 KiB page; the value
+/// pass reads each position's rows 2 KB apart (one KV head at a time), which they do not follow.
+/// Measured (Intel Xeon VM, 2 threads, 8192 positions, alternated runs): asking for the values
+/// too took a bf16 cache from 46-49% to 54-59% of the read peak (f32 within noise); keys alone
+/// were within noise of no prefetch; AHEAD 2, 4 and 8 within noise of each other; into L2 only
+/// (T1) was worse (43-47%).
 const AHEAD: usize = 4;
 
 /// Asks for the cache lines of `row` (a hint: it changes no result).
@@ -431,45 +435,107 @@ fn prefetch<T>(row: &[T]) {
     let _ = row;
 }
 
-/// The dot products of `G` query heads (rows of `q`, `hd` apart) with one key row of `hd`
-/// elements, f32 accumulation: each key vector is widened once for all `G` (cache types have
-/// `POST == 1`).
+/// The scores of `P` positions (cache offsets `at`, kv head 0, block index `i` onward) for every
+/// query head of the row (`q`, `[heads, hd]`): `scores[h * POS_BLOCK + i + j] = scale q_h . k_j`.
+/// Each kv head's keys are widened once for its query heads in sets of 4, 2 or 1.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn score_positions<V: Vector, K: Elem, const P: usize>(
+    v: V,
+    k: &[K],
+    at: &[usize],
+    i: usize,
+    q: &[f32],
+    d: AttnDims,
+    scale: f32,
+    scores: &mut [f32],
+) {
+    let hd = d.head_dim;
+    let group = d.heads / d.kv_heads;
+    for g in 0..d.kv_heads {
+        let mut keys: [&[K]; P] = [&[]; P];
+        for (key, &at) in keys.iter_mut().zip(at) {
+            *key = &k[at + g * hd..][..hd];
+        }
+        let (mut h, end) = (g * group, (g + 1) * group);
+        while h < end {
+            let qs = &q[h * hd..end * hd];
+            h += match end - h {
+                4.. => put(scores, h, i, scale, dots::<V, K, 4, P>(v, qs, hd, keys)),
+                2 | 3 => put(scores, h, i, scale, dots::<V, K, 2, P>(v, qs, hd, keys)),
+                _ => put(scores, h, i, scale, dots::<V, K, 1, P>(v, qs, hd, keys)),
+            };
+        }
+    }
+}
+
+/// Stores the dots of `G` heads from `h` and `P` positions from block index `i`, scaled, into
+/// `scores`. Returns `G`.
+#[inline(always)]
+fn put<const G: usize, const P: usize>(
+    scores: &mut [f32],
+    h: usize,
+    i: usize,
+    scale: f32,
+    dots: [[f32; G]; P],
+) -> usize {
+    for (j, at_j) in dots.iter().enumerate() {
+        for (g, &dot) in at_j.iter().enumerate() {
+            scores[(h + g) * POS_BLOCK + i + j] = scale * dot;
+        }
+    }
+    G
+}
+
+/// The dot products of `G` query heads (rows of `q`, `hd` apart) with each of `P` key rows of
+/// `hd` elements, f32 accumulation: `out[j][g] = q_g . keys[j]`. Each key vector is widened once
+/// for all `G` and each query vector loaded once for all `P` (cache types have `POST == 1`); the
+/// `G P` sums are independent chains of FMAs, reduced 4 at a time.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)]
-fn dots<V: Vector, T: Elem, const G: usize>(v: V, q: &[f32], hd: usize, key: &[T]) -> [f32; G] {
+fn dots<V: Vector, T: Elem, const G: usize, const P: usize>(
+    v: V,
+    q: &[f32],
+    hd: usize,
+    keys: [&[T]; P],
+) -> [[f32; G]; P] {
     debug_assert!(T::POST == 1.0);
-    assert!(q.len() >= G * hd && key.len() >= hd);
-    // Two accumulators per head, even and odd vectors: two chains of FMAs, not one.
-    let mut acc = [[v.zero(); 2]; G];
+    assert!(q.len() >= G * hd && keys.iter().all(|k| k.len() >= hd));
+    let mut acc = [[v.zero(); G]; P];
     let mut l = 0;
-    while l + 2 * V::LANES <= hd {
-        // SAFETY: l + 2 LANES <= hd <= key.len(), and (G - 1) hd + l + 2 LANES <= G hd <=
+    while l + V::LANES <= hd {
+        // SAFETY: l + LANES <= hd <= every key's length, and (G - 1) hd + l + LANES <= G hd <=
         // q.len().
         unsafe {
-            let (k, m) = (key.as_ptr().add(l), l + V::LANES);
-            let (k0, k1) = (v.load_elem(k), v.load_elem(k.add(V::LANES)));
-            for g in 0..G {
-                acc[g][0] = v.fma(v.load(q.as_ptr().add(g * hd + l)), k0, acc[g][0]);
-                acc[g][1] = v.fma(v.load(q.as_ptr().add(g * hd + m)), k1, acc[g][1]);
+            let mut k = [v.zero(); P];
+            for j in 0..P {
+                k[j] = v.load_elem(keys[j].as_ptr().add(l));
             }
-        }
-        l += 2 * V::LANES;
-    }
-    if l + V::LANES <= hd {
-        // SAFETY: as above, with one vector.
-        unsafe {
-            let k0 = v.load_elem(key.as_ptr().add(l));
             for g in 0..G {
-                acc[g][0] = v.fma(v.load(q.as_ptr().add(g * hd + l)), k0, acc[g][0]);
+                let qv = v.load(q.as_ptr().add(g * hd + l));
+                for j in 0..P {
+                    acc[j][g] = v.fma(qv, k[j], acc[j][g]);
+                }
             }
         }
         l += V::LANES;
     }
-    let mut out = [0.0; G];
-    for g in 0..G {
-        out[g] = v.hsum(v.add(acc[g][0], acc[g][1]));
-        for e in l..hd {
-            out[g] += q[g * hd + e] * key[e].widen();
+    let mut out = [[0.0; G]; P];
+    for j in 0..P {
+        let mut g = 0;
+        while g + 4 <= G {
+            let s = v.hsum4([acc[j][g], acc[j][g + 1], acc[j][g + 2], acc[j][g + 3]]);
+            out[j][g..g + 4].copy_from_slice(&s);
+            g += 4;
+        }
+        while g < G {
+            out[j][g] = v.hsum(acc[j][g]);
+            g += 1;
+        }
+        for g in 0..G {
+            for e in l..hd {
+                out[j][g] += q[g * hd + e] * keys[j][e].widen();
+            }
         }
     }
     out
@@ -695,7 +761,10 @@ mod tests {
                     check(&fast, kt, vt, 4, 2, 17, &[0, 31, 32, 79], &[0, 1, 2, 1], 0.25);
                 }
             }
-            for (heads, kv_heads, hd) in [(1, 1, 1), (3, 1, 3), (8, 8, 16), (6, 2, 64), (2, 1, 130)] {
+            // Groups of 1, 2, 3 (sets of 2 and 1), 4 and 5 (4 and 1) query heads per KV head.
+            for (heads, kv_heads, hd) in
+                [(1, 1, 1), (3, 1, 3), (8, 8, 16), (6, 2, 64), (2, 1, 130), (8, 2, 48), (5, 1, 17)]
+            {
                 check(
                     &fast,
                     DType::BF16,

@@ -212,10 +212,15 @@ pub(crate) trait Vector: Copy + Send + Sync + 'static {
     unsafe fn store(self, p: *mut f32, v: Self::F);
     /// `a * b + c`, fused where the ISA has it.
     fn fma(self, a: Self::F, b: Self::F, c: Self::F) -> Self::F;
-    fn add(self, a: Self::F, b: Self::F) -> Self::F;
     fn mul(self, a: Self::F, b: Self::F) -> Self::F;
     /// Sum of the lanes.
     fn hsum(self, a: Self::F) -> f32;
+    /// The sums of the lanes of four vectors: a transposing reduction where the ISA has one
+    /// (each sum is still a sum of all its vector's lanes, in another order).
+    #[inline(always)]
+    fn hsum4(self, a: [Self::F; 4]) -> [f32; 4] {
+        [self.hsum(a[0]), self.hsum(a[1]), self.hsum(a[2]), self.hsum(a[3])]
+    }
 }
 
 /// A stored float type: exact scalar widening, and the vector loads of each instruction set.
@@ -472,10 +477,6 @@ impl Vector for Portable {
         std::array::from_fn(|i| a[i] * b[i] + c[i])
     }
     #[inline(always)]
-    fn add(self, a: [f32; 8], b: [f32; 8]) -> [f32; 8] {
-        std::array::from_fn(|i| a[i] + b[i])
-    }
-    #[inline(always)]
     fn mul(self, a: [f32; 8], b: [f32; 8]) -> [f32; 8] {
         std::array::from_fn(|i| a[i] * b[i])
     }
@@ -644,11 +645,6 @@ mod x86 {
             unsafe { _mm512_fmadd_ps(a, b, c) }
         }
         #[inline(always)]
-        fn add(self, a: __m512, b: __m512) -> __m512 {
-            // SAFETY: the token proves AVX-512F.
-            unsafe { _mm512_add_ps(a, b) }
-        }
-        #[inline(always)]
         fn mul(self, a: __m512, b: __m512) -> __m512 {
             // SAFETY: the token proves AVX-512F.
             unsafe { _mm512_mul_ps(a, b) }
@@ -657,6 +653,40 @@ mod x86 {
         fn hsum(self, a: __m512) -> f32 {
             // SAFETY: the token proves AVX-512F.
             unsafe { _mm512_reduce_add_ps(a) }
+        }
+        /// 128-bit quarters of pairs added (each of a0, a1 to 2 quarters, then each of a0..a3
+        /// to one), then the four lanes of each quarter: 8 shuffles and 5 adds for 4 sums.
+        #[inline(always)]
+        fn hsum4(self, a: [__m512; 4]) -> [f32; 4] {
+            // SAFETY: the token proves AVX-512F; `out` holds 4 f32s.
+            unsafe {
+                // Quarters 0-1 of t01: a0's quarters 0-1 plus 2-3; quarters 2-3: a1's. So t23.
+                const LOW: i32 = 0b01_00_01_00;
+                const HIGH: i32 = 0b11_10_11_10;
+                let t01 = _mm512_add_ps(
+                    _mm512_shuffle_f32x4::<LOW>(a[0], a[1]),
+                    _mm512_shuffle_f32x4::<HIGH>(a[0], a[1]),
+                );
+                let t23 = _mm512_add_ps(
+                    _mm512_shuffle_f32x4::<LOW>(a[2], a[3]),
+                    _mm512_shuffle_f32x4::<HIGH>(a[2], a[3]),
+                );
+                // Quarter i holds a_i's four partial sums.
+                let q = _mm512_add_ps(
+                    _mm512_shuffle_f32x4::<0b10_00_10_00>(t01, t23),
+                    _mm512_shuffle_f32x4::<0b11_01_11_01>(t01, t23),
+                );
+                // Within each quarter: (0+1, 1+0, 2+3, 3+2), then every lane the quarter's sum.
+                let q = _mm512_add_ps(q, _mm512_permute_ps::<0b10_11_00_01>(q));
+                let q = _mm512_add_ps(q, _mm512_permute_ps::<0b01_00_11_10>(q));
+                let sums = _mm512_permutexvar_ps(
+                    _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+                    q,
+                );
+                let mut out = [0f32; 4];
+                _mm_storeu_ps(out.as_mut_ptr(), _mm512_castps512_ps128(sums));
+                out
+            }
         }
     }
 
@@ -695,11 +725,6 @@ mod x86 {
             unsafe { _mm256_fmadd_ps(a, b, c) }
         }
         #[inline(always)]
-        fn add(self, a: __m256, b: __m256) -> __m256 {
-            // SAFETY: the token proves AVX2.
-            unsafe { _mm256_add_ps(a, b) }
-        }
-        #[inline(always)]
         fn mul(self, a: __m256, b: __m256) -> __m256 {
             // SAFETY: the token proves AVX2.
             unsafe { _mm256_mul_ps(a, b) }
@@ -712,6 +737,19 @@ mod x86 {
                 let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
                 let s = _mm_add_ss(s, _mm_movehdup_ps(s));
                 _mm_cvtss_f32(s)
+            }
+        }
+        /// Pairs added within 128-bit halves (two levels of `hadd`), then the halves: 6
+        /// shuffles and 4 adds for 4 sums.
+        #[inline(always)]
+        fn hsum4(self, a: [__m256; 4]) -> [f32; 4] {
+            // SAFETY: the token proves AVX2; `out` holds 4 f32s.
+            unsafe {
+                let t = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+                let s = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps::<1>(t));
+                let mut out = [0f32; 4];
+                _mm_storeu_ps(out.as_mut_ptr(), s);
+                out
             }
         }
     }
@@ -1064,7 +1102,6 @@ mod tests {
             let (x, y) = unsafe { (v.load(a.as_ptr()), v.load(b.as_ptr())) };
             let r = v.fma(x, y, v.splat(2.0));
             self.out.push(v.hsum(r));
-            self.out.push(v.hsum(v.add(x, y)));
             self.out.push(v.hsum(v.mul(x, y)));
             self.out.push(v.hsum(v.zero()));
             self.out.push(V::LANES as f32);
@@ -1076,14 +1113,42 @@ mod tests {
         for simd in Simd::available() {
             let mut out = Vec::new();
             simd.run(Arith { out: &mut out });
-            let n = out[4] as usize;
+            let n = out[3] as usize;
             let a = |i: usize| i as f32 + 1.0;
             let b = |i: usize| 0.5 * i as f32;
             let fma: f32 = (0..n).map(|i| a(i) * b(i) + 2.0).sum();
-            let add: f32 = (0..n).map(|i| a(i) + b(i)).sum();
             let mul: f32 = (0..n).map(|i| a(i) * b(i)).sum();
-            assert_eq!(&out[..4], &[fma, add, mul, 0.0], "{}", simd.name());
+            assert_eq!(&out[..3], &[fma, mul, 0.0], "{}", simd.name());
             assert_eq!(n, simd.lanes());
+        }
+    }
+
+    /// `hsum4` of vectors whose lanes are `(i + 1) 2^l`: every sum is exact in any order, and a
+    /// lane taken twice, left out or taken from another vector changes it.
+    struct Hsum4<'a> {
+        out: &'a mut Vec<f32>,
+    }
+
+    impl Kernel for Hsum4<'_> {
+        type Output = ();
+        #[inline(always)]
+        fn run<V: Vector>(self, v: V) {
+            let lanes: Vec<Vec<f32>> = (0..4)
+                .map(|i| (0..V::LANES).map(|l| (i + 1) as f32 * (1u32 << l) as f32).collect())
+                .collect();
+            // SAFETY: each holds LANES elements.
+            let a = unsafe { [0, 1, 2, 3].map(|i| v.load(lanes[i].as_ptr())) };
+            self.out.extend(v.hsum4(a));
+        }
+    }
+
+    #[test]
+    fn hsum4_sums_each_vector() {
+        for simd in Simd::available() {
+            let mut out = Vec::new();
+            simd.run(Hsum4 { out: &mut out });
+            let all = ((1u32 << simd.lanes()) - 1) as f32;
+            assert_eq!(out, [all, 2.0 * all, 3.0 * all, 4.0 * all], "{}", simd.name());
         }
     }
 }
