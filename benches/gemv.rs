@@ -19,6 +19,9 @@
 //!    case and after the last, so a machine shared with other work is not judged by one quiet or
 //!    busy moment.
 //!
+//! `MEMWALL_BENCH_SIMD=<level>` (`avx512vbmi`, `avx512`, `avx2`, `portable`; one this CPU has)
+//! runs the GEMV and attention cases on that instruction set's kernels instead of the best.
+//!
 //! Bytes are `memwall_runtime::cost::linear_bytes` (weight + scales + x + y) and `StreamBuffers::
 //! bytes_per_pass` (read + written), in decimal GB. A GEMV above the read peak is a bench bug (or
 //! a read kernel that is not the ceiling); the summary says so when it happens.
@@ -161,7 +164,20 @@ fn main() {
     let working_set = peak::working_set_for(llc);
     let threads = peak::max_threads();
     let llc_text = llc.map_or("unknown".to_string(), |l| format!("{} MiB", l >> 20));
-    let backend = memwall::default_backend();
+    let backend = match std::env::var("MEMWALL_BENCH_SIMD") {
+        // Another instruction set than the best, to time its kernels on this CPU.
+        Ok(level) => {
+            let threads = memwall::default_backend().threads();
+            match memwall::runtime::cpu::Fast::with_simd(threads, &level) {
+                Ok(b) => b,
+                Err(e) => {
+                    eprintln!("MEMWALL_BENCH_SIMD: {e}");
+                    std::process::exit(2);
+                }
+            }
+        }
+        Err(_) => memwall::default_backend(),
+    };
     println!(
         "memwall bench: LLC {llc_text}, working set {:.3} GB = max({} x LLC, 1 GiB), {threads} threads, \
          cpu kernels {}",
