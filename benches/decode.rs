@@ -1,5 +1,5 @@
 //! Decode at the memory wall, measured (`cargo bench --bench decode`): greedy decode at batch 1,
-//! 4 and 16 of a Llama-3.1-shaped checkpoint with random bf16 weights on the default backend
+//! 4 and 16 at a short context, and at batch 1 and 4 at an 8K context, of a Llama-3.1-shaped checkpoint with random bf16 weights on the default backend
 //! (`cpu::Fast`) through `memwall::model::Session`, against the read ceiling measured in the same
 //! run. Batch 1 is the memory wall; the larger batches are the measured points of the roofline
 //! (`memwall wall --measure --svg`).
@@ -11,16 +11,21 @@
 //!    reads its weights from memory.
 //! 2. Measures the read peak (`memwall::peak`, read kernel, all threads, best of 5 passes over
 //!    max(3 x LLC, 1 GiB)) before and after the decode; the higher of the two is the peak.
-//! 3. Per batch size B: prefills B prompts of `PROMPT` random tokens, then times decode steps in
-//!    criterion's `iter_custom` (one step = one token for each of the B sequences), each step at
-//!    the next position; positions wrap within `WINDOW` so the context stays near `PROMPT`. Bytes and FLOPs per step come from the model's
-//!    op list (`Session::last_step_cost`, i.e. `OpCost`), averaged over the timed steps.
+//! 3. Per case (batch size B, context L; `CASES`): fills positions `0..L - PROMPT` of each of the
+//!    B sequences with random keys and values (`Session::fill_context`: the bytes a prefill
+//!    leaves, without its compute, which on a CPU would take minutes at 8K), prefills B prompts of
+//!    `PROMPT` random tokens after them, then times decode steps in criterion's `iter_custom` (one
+//!    step = one token for each of the B sequences), each step at the next position; positions
+//!    wrap within `WINDOW` so the context stays near L. Bytes and FLOPs per step (weights and the
+//!    KV cache read) come from the model's op list (`Session::last_step_cost`, i.e. `OpCost`),
+//!    averaged over the timed steps.
 //! 4. Prints, per batch, `decode <model> batch <B> context <L>: <tok/s> tok/s = <pct>% of the wall
 //!    <wall> tok/s at measured read peak <peak> GB/s` (tokens/s from the median step, robust on a
 //!    shared machine) and writes the records `memwall wall` reads (`target/memwall/decode.json`,
 //!    see `memwall::wall::record`).
 //!
-//! Under `cargo test --benches` (`--test`) it runs a tiny model once and writes no record.
+//! Under `cargo test --benches` (`--test`) it runs a tiny model once (a short and a filled
+//! context) and writes no record.
 
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -28,6 +33,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, SamplingMode, Throughput};
 use memwall::model::graph::OpCost;
+use memwall::model::random::mix64;
 use memwall::model::session::Row;
 use memwall::model::{Model, Session, SessionOptions};
 use memwall::peak::{self, Kernel, StreamBuffers};
@@ -35,14 +41,18 @@ use memwall::runtime::{DType, SamplingParams};
 use memwall::wall::DecodeRecord;
 use serde_json::{Value, json};
 
-/// Tokens in the prompt: the context the decode steps start from.
+/// Tokens in the prompt prefilled before the decode steps (after the filled context, if any).
 const PROMPT: usize = 64;
-/// Decode positions cycle over `PROMPT..PROMPT + WINDOW`.
+/// Decode positions cycle over `L..L + WINDOW` for context L.
 const WINDOW: usize = 32;
 const MODEL_NAME: &str = "llama-3.1-shaped-0.86b-random";
-/// Batch sizes measured: batch 1 is the memory wall's case; larger batches read the same weights
-/// for more tokens and climb the roofline towards the compute roof.
-const BATCHES: &[usize] = &[1, 4, 16];
+/// (batch, context) measured. Batch 1 is the memory wall's case; larger batches read the same
+/// weights for more tokens and climb the roofline towards the compute roof. At 8K the KV cache
+/// is 192 MiB per sequence (12 layers x 8 KV heads x 64 x 2 bytes x 2, per position) against
+/// 1.6 GB of weights read per step: attention's share of the bytes.
+const CASES: &[(usize, usize)] = &[(1, PROMPT), (4, PROMPT), (16, PROMPT), (1, 8192), (4, 8192)];
+/// The tiny model's cases under `--test`.
+const TEST_CASES: &[(usize, usize)] = &[(1, PROMPT), (3, 200)];
 
 fn config(test_mode: bool) -> Value {
     let (hidden, inter, layers, heads, kv_heads, vocab) =
@@ -51,17 +61,9 @@ fn config(test_mode: bool) -> Value {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
         "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
         "num_attention_heads": heads, "num_key_value_heads": kv_heads, "vocab_size": vocab,
-        "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+        "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
         "tie_word_embeddings": false, "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2
     })
-}
-
-/// A 64-bit mix (splitmix64's finaliser): the prompts' random token ids.
-fn mix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
 }
 
 /// A directory removed on drop.
@@ -96,21 +98,22 @@ struct Steps {
     positions: Vec<u32>,
 }
 
-/// Prefills `batch` random prompts of `PROMPT` tokens, then times decode steps of all `batch`
+/// Fills `context - PROMPT` positions of `batch` sequences with random keys and values, prefills
+/// a random prompt of `PROMPT` tokens after them, then times decode steps of all `batch`
 /// sequences at once in criterion's `iter_custom`, each step at the next position (positions wrap
-/// within `WINDOW`).
+/// within `context..context + WINDOW`).
 fn decode_batch<B: memwall::runtime::Backend>(
     c: &mut Criterion,
     model: &Model<B>,
     name: &str,
-    batch: usize,
+    (batch, context): (usize, usize),
 ) -> Steps
 where
     B::Storage: 'static,
 {
     let options = SessionOptions {
         max_batch: batch,
-        capacity: PROMPT + WINDOW,
+        capacity: context + WINDOW,
         cache_dtype: DType::BF16,
         ..Default::default()
     };
@@ -118,11 +121,17 @@ where
     let vocab = model.config.vocab_size as u64;
     let greedy = SamplingParams::GREEDY;
     let seeds = vec![0u32; batch];
+    let filled = context - PROMPT;
+    let t = Instant::now();
+    for slot in 0..batch {
+        session.reserve(slot, context + WINDOW).expect("the pool holds every slot at full length");
+        session.fill_context(slot, filled, slot as u64).expect("fill the context");
+    }
+    let fill_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
     let mut tokens = Vec::with_capacity(batch);
     for slot in 0..batch {
-        session.reserve(slot, PROMPT + WINDOW).expect("the pool holds every slot at full length");
-        let prompt: Vec<Row> = (0..PROMPT as u32)
+        let prompt: Vec<Row> = (filled as u32..context as u32)
             .map(|p| Row {
                 token: (mix64(((slot as u64) << 32) | p as u64) % vocab) as u32,
                 slot: slot as u32,
@@ -134,15 +143,19 @@ where
             .expect("prefill");
         tokens.push(first.tokens[0]);
     }
-    println!("batch {batch}: prefill of {batch} x {PROMPT} tokens in {:.2} s", t.elapsed().as_secs_f64());
+    println!(
+        "batch {batch} context {context}: {filled} positions filled in {fill_s:.2} s, then a prefill of \
+         {batch} x {PROMPT} tokens in {:.2} s",
+        t.elapsed().as_secs_f64()
+    );
 
     let steps = Mutex::new(Steps::default());
-    let mut pos = PROMPT as u32;
+    let mut pos = context as u32;
     let mut step_no = 1u32;
     let last: Vec<u32> = (0..batch as u32).collect();
     let mut group = c.benchmark_group("decode");
     group.sampling_mode(SamplingMode::Flat).throughput(Throughput::Elements(batch as u64));
-    group.bench_function(format!("{name}/batch{batch}/context{PROMPT}"), |b| {
+    group.bench_function(format!("{name}/batch{batch}/context{context}"), |b| {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
             for _ in 0..iters {
@@ -161,7 +174,7 @@ where
                 s.positions.push(pos);
                 tokens.copy_from_slice(&out.tokens);
                 step_no += 1;
-                pos = if pos as usize + 1 >= PROMPT + WINDOW { PROMPT as u32 } else { pos + 1 };
+                pos = if pos as usize + 1 >= context + WINDOW { context as u32 } else { pos + 1 };
             }
             total
         });
@@ -198,10 +211,10 @@ fn main() {
 
     let model =
         Model::load(memwall::default_backend(), &dir.0, |_, _| {}).expect("load the random checkpoint");
-    let batches: &[usize] = if test_mode { &[1, 3] } else { BATCHES };
+    let cases = if test_mode { TEST_CASES } else { CASES };
     let mut timed = Vec::new();
-    for &batch in batches {
-        timed.push((batch, decode_batch(&mut c, &model, name, batch)));
+    for &(batch, context) in cases {
+        timed.push((batch, context, decode_batch(&mut c, &model, name, (batch, context))));
     }
     drop(model);
 
@@ -210,10 +223,10 @@ fn main() {
     println!("read peak: {peak_before:.2} GB/s before, {peak_after:.2} GB/s after the decode");
 
     let mut records = Vec::new();
-    for (batch, steps) in timed {
+    for (batch, filled_to, steps) in timed {
         let n = steps.times.len();
         if n == 0 {
-            println!("decode batch {batch}: no step was timed");
+            println!("decode batch {batch} context {filled_to}: no step was timed");
             continue;
         }
         let mut sorted = steps.times.clone();
@@ -238,7 +251,7 @@ fn main() {
             config: cfg.clone(),
         };
         println!(
-            "batch {batch}: {n} steps timed, median {:.1} ms, fastest {:.1} ms; {:.3} GB and {:.2} GFLOP per \
+            "batch {batch} context {context}: {n} steps timed, median {:.1} ms, fastest {:.1} ms; {:.3} GB and {:.2} GFLOP per \
              step (op list)",
             median * 1e3,
             sorted[0].as_secs_f64() * 1e3,

@@ -167,7 +167,7 @@ fn main() {
     let backend = match std::env::var("MEMWALL_BENCH_SIMD") {
         // Another instruction set than the best, to time its kernels on this CPU.
         Ok(level) => {
-            let threads = memwall::default_backend().threads();
+            // `max_threads` is the count `default_backend` uses: every core this process may use.
             match memwall::runtime::cpu::Fast::with_simd(threads, &level) {
                 Ok(b) => b,
                 Err(e) => {

@@ -19,6 +19,7 @@ use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use memwall_model::random::{mix64, unit};
 use memwall_model::weights::{self, Kind};
 use memwall_model::{ConfigError, ModelConfig, PRESETS, Preset};
 use memwall_runtime::DType;
@@ -76,13 +77,6 @@ pub fn config_for(shape: &str) -> Result<Value, SynthError> {
     Ok(serde_json::from_str(&text).map_err(ConfigError::Json)?)
 }
 
-fn mix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 /// How one tensor's values are made.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorRecipe {
@@ -101,9 +95,7 @@ impl TensorRecipe {
 
     /// Element `i` before rounding to the checkpoint's dtype.
     pub fn value(&self, i: u64) -> f32 {
-        let h = mix64(self.seed ^ i);
-        let u = (h >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
-        self.offset + self.scale * u
+        self.offset + self.scale * unit(self.seed, i)
     }
 
     /// Elements `start..start + out.len() / size` encoded as `dtype` into `out`.

@@ -678,7 +678,7 @@ fn cli_reads_the_benches_record() {
     ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = std::fs::read_to_string(&svg).expect("svg");
-    assert!(text.contains("measured: tiny-random batch 1 on cpu::Fast"), "no measured point");
+    assert!(text.contains("measured: tiny-random batch 1 context 16 on cpu::Fast"), "no measured point");
 
     let missing = dir.join("none.json");
     let out = memwall(&["wall", "--record", missing.to_str().expect("utf-8")]);

@@ -18,6 +18,7 @@ pub use memwall_runtime as runtime;
 pub mod graph;
 pub mod model;
 pub mod npy;
+pub mod random;
 pub mod session;
 
 pub use model::{LoadReport, Model};

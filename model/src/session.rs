@@ -32,6 +32,7 @@ use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::graph::{Buf, Op, OpCost, StepShape};
 use crate::model::Model;
+use crate::random::{mix64, unit};
 use crate::weights::Mlp;
 
 /// Default of [`SessionOptions::max_prefill_rows`]: large enough that a prefill step's weight
@@ -543,6 +544,61 @@ impl<'m, B: Backend> Session<'m, B> {
         self.pool.reserve(slot, len)
     }
 
+    /// Stores random keys and values (uniform in [-1, 1), rounded to the cache dtype; a stream per
+    /// `seed`, layer and slot) at positions `0..len` of `slot` in every layer: the bytes a prefill of
+    /// `len` tokens leaves for a step to read, though not a model's keys. For timing decode at a
+    /// long context without paying for its prefill (`benches/decode.rs`): a step at position `len`
+    /// then attends to them.
+    ///
+    /// Errors: `BatchTooLarge` for a slot beyond `max_batch`, `NotReserved` when the slot's
+    /// reserved positions do not cover `0..len` ([`Session::reserve`]); the backend's errors.
+    pub fn fill_context(&mut self, slot: usize, len: usize, seed: u64) -> Result<()> {
+        if slot >= self.options.max_batch {
+            return Err(ModelError::BatchTooLarge { got: slot + 1, allocated: self.options.max_batch });
+        }
+        let reserved = self.pool.reserved_len(slot);
+        if len > reserved {
+            return Err(ModelError::NotReserved { slot, pos: len - 1, reserved });
+        }
+        self.sync_table()?;
+        let c = &self.model.config;
+        let b = &self.model.backend;
+        let shape = |n| [n, c.num_kv_heads, c.head_dim];
+        let width = c.num_kv_heads * c.head_dim;
+        // Positions per kv_store: a few MB of f32 per call.
+        let chunk = (1usize << 20).div_ceil(width.max(1));
+        for p0 in (0..len).step_by(chunk) {
+            let n = chunk.min(len - p0);
+            let slots = b.upload_u32(&[n], &vec![slot as u32; n])?;
+            let positions: Vec<u32> = (p0..p0 + n).map(|p| p as u32).collect();
+            let positions = b.upload_u32(&[n], &positions)?;
+            for (layer, cache) in self.caches.iter_mut().enumerate() {
+                // Element i of position p: index p * width + i of its stream.
+                let stream = |kv: u64| {
+                    let key = mix64(seed ^ mix64((((layer as u64) << 32) | (slot as u64) << 1) | kv));
+                    let values: Vec<f32> =
+                        (p0 * width..(p0 + n) * width).map(|i| unit(key, i as u64)).collect();
+                    b.upload_f32(DType::F32, &shape(n), &values)
+                };
+                let (k, v) = (stream(0)?, stream(1)?);
+                b.kv_store(&k, &v, cache, &self.block_table, &slots, &positions)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the block table to the backend if the pool changed it since the last write.
+    fn sync_table(&mut self) -> Result<()> {
+        if self.pool.take_dirty()
+            && let Err(e) =
+                self.model.backend.write(&mut self.block_table, bytemuck::cast_slice(self.pool.table()))
+        {
+            self.pool.dirty = true;
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
     /// Returns every block of `slot` to the pool (idempotent; nothing for a slot out of range).
     pub fn release(&mut self, slot: usize) {
         self.pool.release(slot)
@@ -700,12 +756,7 @@ impl<'m, B: Backend> Session<'m, B> {
         write_u32(ws, Buf::Ids, rows.iter().map(|r| r.token).collect())?;
         write_u32(ws, Buf::Positions, rows.iter().map(|r| r.pos).collect())?;
         write_u32(ws, Buf::Slots, rows.iter().map(|r| r.slot).collect())?;
-        if self.pool.take_dirty()
-            && let Err(e) = b.write(&mut self.block_table, bytemuck::cast_slice(self.pool.table()))
-        {
-            self.pool.dirty = true;
-            return Err(e.into());
-        }
+        self.sync_table()?;
         let picks = !last.is_empty();
         if picks {
             write_u32(ws, Buf::LastIdx, last.to_vec())?;

@@ -1,6 +1,7 @@
 //! The paged KV cache through a session: reserve / release / OutOfBlocks / NotReserved, and
 //! generation that gives the same tokens and logits whatever the block size and however the
-//! pool's blocks were scattered by earlier sequences.
+//! pool's blocks were scattered by earlier sequences; contexts filled by `Session::fill_context`
+//! read back through the block table.
 
 mod common;
 
@@ -135,4 +136,55 @@ fn steps_need_reserved_positions() {
     assert!(matches!(e, ModelError::NotReserved { .. }), "{e}");
     let bad = Session::new(&m, opts(2, 16, 0, 0)).err().expect("block size 0");
     assert!(matches!(bad, ModelError::Session(_)), "{bad}");
+}
+
+#[test]
+fn filled_contexts_are_read_through_the_block_table() {
+    fn check<B: Backend>(b: B, name: &str)
+    where
+        B::Storage: 'static,
+    {
+        let dir = TempDir::new(&format!("paged-fill-{name}"));
+        let m = model(b, &llama_config(64, false), &dir);
+        let greedy = SamplingParams::GREEDY;
+        let (len, capacity) = (21, 40);
+        // Slot 1's logits at position `len` after `fill` positions of it were filled from `seed`.
+        // Scattered: slot 1's blocks come after slot 0 released its, and slot 2 is filled too,
+        // after slot 1.
+        let logits = |block_size: usize, scatter: bool, fill: usize, seed: u64| {
+            let mut s = Session::new(&m, opts(3, capacity, block_size, 0)).unwrap();
+            if scatter {
+                s.reserve(0, 9).unwrap();
+                s.reserve(2, 13).unwrap();
+                s.release(0);
+            }
+            s.reserve(1, fill.max(len + 1)).unwrap();
+            s.fill_context(1, fill, seed).unwrap();
+            if scatter {
+                s.fill_context(2, 13, seed + 1).unwrap();
+            }
+            let row = Row { token: 3, slot: 1, pos: len as u32 };
+            s.step(&[row], &[0], false, true, (&greedy, &[0], &[0])).unwrap().logits.unwrap()
+        };
+        let want = logits(capacity, false, len, 5);
+        assert!(want.iter().all(|x| x.is_finite()), "{name}");
+        // The same bits through scattered blocks of 4 or 7 positions, with another slot filled.
+        for bs in [4, 7] {
+            assert_eq!(logits(bs, true, len, 5), want, "{name}: block size {bs}");
+        }
+        // Positions filled past the step's: overwritten (len) or not attended to.
+        assert_eq!(logits(4, true, capacity, 5), want, "{name}: filled to capacity");
+        // Another seed is another context.
+        assert_ne!(logits(4, true, len, 6), want, "{name}: seed 6");
+
+        let mut s = Session::new(&m, opts(3, capacity, 4, 0)).unwrap();
+        s.reserve(1, 10).unwrap();
+        let e = s.fill_context(1, 13, 0).unwrap_err();
+        assert!(matches!(e, ModelError::NotReserved { slot: 1, pos: 12, reserved: 12 }), "{name}: {e}");
+        let e = s.fill_context(3, 1, 0).unwrap_err();
+        assert!(matches!(e, ModelError::BatchTooLarge { got: 4, allocated: 3 }), "{name}: {e}");
+        s.fill_context(1, 0, 0).unwrap();
+    }
+    check(cpu::Reference, "reference");
+    check(cpu::Fast::with_threads(2).unwrap(), "fast");
 }

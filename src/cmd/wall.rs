@@ -285,8 +285,8 @@ pub fn wall_command(args: &WallArgs) -> Result<(), Error> {
             for r in records {
                 measured.push(MeasuredPoint {
                     label: format!(
-                        "{} batch {} on {} ({:.1} tok/s, read peak {:.1} GB/s)",
-                        r.model, r.batch, r.backend, r.tokens_per_s, r.peak_read_gb_s
+                        "{} batch {} context {} on {} ({:.1} tok/s, read peak {:.1} GB/s)",
+                        r.model, r.batch, r.context, r.backend, r.tokens_per_s, r.peak_read_gb_s
                     ),
                     intensity: r.flops_per_step / r.bytes_per_step,
                     flops_per_s: r.flops_per_step * r.tokens_per_s / r.batch as f64,

@@ -655,7 +655,7 @@ mod x86 {
             unsafe { _mm512_reduce_add_ps(a) }
         }
         /// 128-bit quarters of pairs added (each of a0, a1 to 2 quarters, then each of a0..a3
-        /// to one), then the four lanes of each quarter: 8 shuffles and 5 adds for 4 sums.
+        /// to one), then the four lanes of each quarter: 9 shuffles and 5 adds for 4 sums.
         #[inline(always)]
         fn hsum4(self, a: [__m512; 4]) -> [f32; 4] {
             // SAFETY: the token proves AVX-512F; `out` holds 4 f32s.
