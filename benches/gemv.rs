@@ -211,9 +211,9 @@ fn main() {
     ceiling.sample_read(READ_PASSES_BETWEEN);
     runs.push(bench_gemv(&mut c, &backend, None, DType::F8E4M3Fn, BLOCK_128, n, k, working_set));
     let mut attention_runs = Vec::new();
-    for (cache, rows) in attention::CASES {
+    for case in attention::CASES {
         ceiling.sample_read(READ_PASSES_BETWEEN);
-        attention_runs.push(attention::bench_attention(&mut c, &backend, cache, rows, working_set));
+        attention_runs.push(attention::bench_attention(&mut c, &backend, case, working_set));
     }
     ceiling.sample_read(READ_PASSES_BETWEEN);
     c.final_summary();

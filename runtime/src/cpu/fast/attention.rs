@@ -10,17 +10,27 @@
 //! every row's slot (`SlotOutOfRange`), position (`ContextOverflow`) and the table entries it
 //! reads (`BlockOutOfRange`) before writing anything.
 //!
-//! Algorithm: a task is a span of one row's positions, for all its heads: each cached position
-//! is one contiguous run of `kv_heads * head_dim` keys (and values), read once for every query
-//! head, so the cache streams in order. A row's positions are split into several spans where the
-//! rows alone would leave threads idle (decode at batch 1: flash-decoding's split along the
-//! sequence); each span keeps its running max, denominator and unnormalised output per head, and
-//! a merge per row rescales them to the common max. Positions go in blocks of `POS_BLOCK`: the
-//! block's scores are computed (several positions per pass over q, each dot one FMA chain, their
-//! lane sums reduced four at a time), with the keys and values of later positions prefetched,
-//! then the running max, the softmax denominator and the output
+//! Algorithm: a task is a span of one tile's positions, for all its heads. A tile is a run of up
+//! to `TILE_ROWS` consecutive rows of one slot (a prefill chunk; in decode, each row is its own
+//! tile): each cached position is one contiguous run of `kv_heads * head_dim` keys (and values),
+//! read once for every query head of every row of the tile, so the cache streams in order and a
+//! chunk of R rows reads it about R / `TILE_ROWS` times; each row's scores past its own position
+//! are masked and its values summed over its own positions only. A tile's positions are split
+//! into several spans where the tiles alone would leave threads idle (decode at batch 1:
+//! flash-decoding's split along the sequence); each span keeps its running max, denominator and
+//! unnormalised output per head, and a merge per tile rescales them to the common max. Positions
+//! go in blocks of `POS_BLOCK`: the block's scores are computed (several positions per pass over
+//! q, each dot one FMA chain, their lane sums reduced four at a time), with the keys and values
+//! of later positions prefetched, then the running max, the softmax denominator and the output
 //! accumulator are rescaled once per block (online softmax in f32), and the block's values are
 //! added with vector FMAs.
+//!
+//! Measured (AMD EPYC Zen 3, AVX2, 2 threads, the decode bench's model at an 8K context): a
+//! 64-token prefill chunk took 1.7-2.3 s with tiles and 1.8-2.7 s without (alternated runs),
+//! so no gain there: the chunk's attention is bound by arithmetic (about 50 GFLOP in about 1.2
+//! s), not by the cache reads the tiles save.
+
+use std::ops::Range;
 
 use half::{bf16, f16};
 
@@ -205,60 +215,128 @@ fn spans_per_row(rows: usize, longest: usize, threads: usize, min_span: usize) -
     want.min(longest.div_ceil(min_span.max(1))).max(1)
 }
 
+/// Most rows of one slot in a tile. Consecutive rows of one slot (a prefill chunk) share each
+/// cached position's reads: a chunk of R rows reads the cache about R / `TILE_ROWS` times
+/// rather than R. Each row still attends to its own positions only.
+const TILE_ROWS: usize = 8;
+
+/// The tiles of a call: runs of consecutive rows of one slot, at most `TILE_ROWS` each.
+fn tiles(slots: &[u32]) -> Vec<Range<usize>> {
+    let mut tiles = Vec::new();
+    let mut r0 = 0;
+    for r in 1..=slots.len() {
+        if r == slots.len() || slots[r] != slots[r0] || r - r0 == TILE_ROWS {
+            tiles.push(r0..r);
+            r0 = r;
+        }
+    }
+    tiles
+}
+
+/// A tile of `n` rows runs `n * heads` query heads, ordered kv head first: `(g n + r) group + j`
+/// is row r's head `g group + j`, so each kv head's query heads, of every row, lie together.
+/// Returns (row in the tile, head) of tile head `th`.
+#[inline]
+fn tile_head(th: usize, n: usize, group: usize) -> (usize, usize) {
+    let (s, j) = (th / group, th % group);
+    (s % n, (s / n) * group + j)
+}
+
+/// The tile's queries in tile-head order (`q`: `[tile.len() * heads, hd]`).
+fn gather_q<K, C>(job: Job<'_, K, C>, tile: Range<usize>, q: &mut [f32]) {
+    let (heads, hd) = (job.d.heads, job.d.head_dim);
+    let (n, group) = (tile.len(), heads / job.d.kv_heads);
+    for (th, dst) in q.chunks_exact_mut(hd).enumerate() {
+        let (r, h) = tile_head(th, n, group);
+        dst.copy_from_slice(&job.q[((tile.start + r) * heads + h) * hd..][..hd]);
+    }
+}
+
 fn attend_all<K: Elem, C: Elem>(fast: &Fast, job: Job<'_, K, C>, out: &mut [f32], min_span: usize) {
     let d = job.d;
     let (heads, hd) = (d.heads, d.head_dim);
+    let group = heads / d.kv_heads;
     let rows = job.positions.len();
     let len_of = |row: usize| job.positions[row] as usize + 1;
-    let longest = (0..rows).map(len_of).max().unwrap_or(0);
+    let tiles = tiles(job.slots);
+    // A tile reads the cache up to its longest row.
+    let reach = |t: &Range<usize>| t.clone().map(len_of).max().unwrap_or(0);
+    let longest = tiles.iter().map(reach).max().unwrap_or(0);
+    let widest = tiles.iter().map(|t| t.len()).max().unwrap_or(1);
     // Work: every query head reads its row's cached positions.
     let work = (0..rows).map(len_of).sum::<usize>() * heads * hd;
-    let spans = spans_per_row(rows, longest, fast.threads, min_span);
+    let spans = spans_per_row(tiles.len(), longest, fast.threads, min_span);
     let simd = fast.simd;
+    // Each tile's rows of `out`.
+    let mut outs: Vec<&mut [f32]> = Vec::with_capacity(tiles.len());
+    let mut rest = out;
+    for t in &tiles {
+        let (this, after) = std::mem::take(&mut rest).split_at_mut(t.len() * heads * hd);
+        outs.push(this);
+        rest = after;
+    }
     if spans == 1 {
-        // Each task owns its row's output: the accumulator, normalised at the end.
-        fast.for_each_chunk(out, heads * hd, work, |row, acc| {
-            with_scratch(&TASK_F32, heads * (POS_BLOCK + 2), 0.0, |scratch| {
-                let (scores, stats) = scratch.split_at_mut(heads * POS_BLOCK);
-                let (maxes, denoms) = stats.split_at_mut(heads);
-                simd.run(Span { job, row, p0: 0, p1: len_of(row), acc: &mut *acc, maxes, denoms, scores });
-                for (o, &den) in acc.chunks_exact_mut(hd).zip(&*denoms) {
+        // Each task owns its tile's rows of the output: the accumulator, normalised at the end.
+        fast.for_each_chunk(&mut outs, 1, work, |t, out| {
+            let tile = tiles[t].clone();
+            let th = tile.len() * heads;
+            with_scratch(&TASK_F32, th * (2 * hd + POS_BLOCK + 2), 0.0, |scratch| {
+                let (q, rest) = scratch.split_at_mut(th * hd);
+                let (acc, rest) = rest.split_at_mut(th * hd);
+                let (scores, stats) = rest.split_at_mut(th * POS_BLOCK);
+                let (maxes, denoms) = stats.split_at_mut(th);
+                gather_q(job, tile.clone(), q);
+                let p1 = reach(&tile);
+                simd.run(Span { job, tile, q, p0: 0, p1, acc: &mut *acc, maxes, denoms, scores });
+                for (i, (a, &den)) in acc.chunks_exact(hd).zip(&*denoms).enumerate() {
+                    let (r, h) = tile_head(i, th / heads, group);
                     let inv = 1.0 / den;
-                    o.iter_mut().for_each(|e| *e *= inv);
+                    for (o, &a) in out[0][(r * heads + h) * hd..][..hd].iter_mut().zip(a) {
+                        *o = a * inv;
+                    }
                 }
             });
         });
         return;
     }
-    // Each span's accumulator, maxima and denominators: `heads * hd + 2 * heads` per span, the
-    // spans of a row together.
-    let part = heads * (hd + 2);
-    with_scratch(&SPANS_F32, rows * spans * part, 0.0, |parts| {
-        fast.for_each_chunk(parts, part, work, |t, part| {
-            let (row, span) = (t / spans, t % spans);
-            let len = len_of(row);
+    // Each span's accumulator, maxima and denominators: `th * hd + 2 * th` for a tile of `th`
+    // query heads, in parts sized for the widest tile; the spans of a tile together.
+    let part = widest * heads * (hd + 2);
+    with_scratch(&SPANS_F32, tiles.len() * spans * part, 0.0, |parts| {
+        fast.for_each_chunk(parts, part, work, |i, part| {
+            let (tile, span) = (tiles[i / spans].clone(), i % spans);
+            let th = tile.len() * heads;
+            let len = reach(&tile);
             let per = len.div_ceil(spans);
             let (p0, p1) = ((span * per).min(len), ((span + 1) * per).min(len));
-            let (acc, stats) = part.split_at_mut(heads * hd);
-            let (maxes, denoms) = stats.split_at_mut(heads);
-            with_scratch(&TASK_F32, heads * POS_BLOCK, 0.0, |scores| {
-                simd.run(Span { job, row, p0, p1, acc, maxes, denoms, scores });
+            let (acc, stats) = part.split_at_mut(th * hd);
+            let (maxes, rest) = stats.split_at_mut(th);
+            let denoms = &mut rest[..th];
+            with_scratch(&TASK_F32, th * (hd + POS_BLOCK), 0.0, |scratch| {
+                let (q, scores) = scratch.split_at_mut(th * hd);
+                gather_q(job, tile.clone(), q);
+                simd.run(Span { job, tile, q, p0, p1, acc, maxes, denoms, scores });
             });
         });
         let parts: &[f32] = parts;
-        fast.for_each_chunk(out, heads * hd, rows * spans * part, |row, out| {
-            merge(&parts[row * spans * part..][..spans * part], heads, hd, out);
+        fast.for_each_chunk(&mut outs, 1, tiles.len() * spans * part, |t, out| {
+            let parts = &parts[t * spans * part..][..spans * part];
+            merge(parts, part, tiles[t].len(), d, out[0]);
         });
     });
 }
 
-/// A row's output from its spans' partial results (`parts`: per span, the unnormalised
-/// accumulator `[heads, hd]`, then `heads` maxima and `heads` denominators): each span is weighed
-/// by `exp(its max - the row's max)`. An empty span (max -inf, nothing summed) weighs 0.
-fn merge(parts: &[f32], heads: usize, hd: usize, out: &mut [f32]) {
-    let part = heads * (hd + 2);
-    for (h, o) in out.chunks_exact_mut(hd).enumerate() {
-        let max_of = |p: &[f32]| p[heads * hd + h];
+/// A tile's output (`out`, its rows) from its spans' partial results (`parts`: per span, in
+/// `part` floats each, the unnormalised accumulator `[th, hd]`, then `th` maxima and `th`
+/// denominators, for the tile's `th = n * heads` query heads): each span is weighed by
+/// `exp(its max - the head's max)`. An empty span (max -inf, nothing summed) weighs 0.
+fn merge(parts: &[f32], part: usize, n: usize, d: AttnDims, out: &mut [f32]) {
+    let (heads, hd) = (d.heads, d.head_dim);
+    let th = n * heads;
+    for i in 0..th {
+        let (r, h) = tile_head(i, n, heads / d.kv_heads);
+        let o = &mut out[(r * heads + h) * hd..][..hd];
+        let max_of = |p: &[f32]| p[th * hd + i];
         let m = parts.chunks_exact(part).map(max_of).fold(f32::NEG_INFINITY, f32::max);
         o.fill(0.0);
         let mut den = 0.0;
@@ -267,8 +345,8 @@ fn merge(parts: &[f32], heads: usize, hd: usize, out: &mut [f32]) {
                 continue;
             }
             let w = (max_of(p) - m).exp();
-            den += w * p[heads * hd + heads + h];
-            for (e, &a) in o.iter_mut().zip(&p[h * hd..(h + 1) * hd]) {
+            den += w * p[th * hd + th + i];
+            for (e, &a) in o.iter_mut().zip(&p[i * hd..(i + 1) * hd]) {
                 *e += w * a;
             }
         }
@@ -277,18 +355,23 @@ fn merge(parts: &[f32], heads: usize, hd: usize, out: &mut [f32]) {
     }
 }
 
-/// Positions `p0..p1` of one row, every head: the unnormalised output, the running maxima and the
-/// denominators (`maxes` -inf and `denoms` 0 for an empty span), with `scores` as scratch.
+/// Positions `p0..p1` of one tile, every query head of each row (in tile-head order, see
+/// [`tile_head`]), each row's only up to its own position: the unnormalised output, the running
+/// maxima and the denominators (`maxes` -inf and `denoms` 0 for a head with no position in the
+/// span), with `scores` as scratch.
 struct Span<'a, 'b, K, C> {
     job: Job<'a, K, C>,
-    row: usize,
+    /// Rows of one slot.
+    tile: Range<usize>,
+    /// `[th, hd]`, for the tile's `th = tile.len() * heads` query heads.
+    q: &'b [f32],
     p0: usize,
     p1: usize,
-    /// `[heads, hd]`.
+    /// `[th, hd]`.
     acc: &'b mut [f32],
     maxes: &'b mut [f32],
     denoms: &'b mut [f32],
-    /// `heads * POS_BLOCK`.
+    /// `th * POS_BLOCK`.
     scores: &'b mut [f32],
 }
 
@@ -297,13 +380,19 @@ impl<K: Elem, C: Elem> Kernel for Span<'_, '_, K, C> {
 
     #[inline(always)]
     fn run<V: Vector>(self, v: V) {
-        let Span { job, row, p0, p1, acc, maxes, denoms, scores } = self;
+        let Span { job, tile, q, p0, p1, acc, maxes, denoms, scores } = self;
         let d = job.d;
         let (heads, hd) = (d.heads, d.head_dim);
         let group = heads / d.kv_heads;
         let width = d.kv_heads * hd;
-        let slot = job.slots[row] as usize;
-        let q = &job.q[row * heads * hd..][..heads * hd];
+        let slot = job.slots[tile.start] as usize;
+        let n_rows = tile.len();
+        // Positions each row attends to: its position + 1.
+        let mut limits = [0usize; TILE_ROWS];
+        for (l, &p) in limits.iter_mut().zip(&job.positions[tile]) {
+            *l = p as usize + 1;
+        }
+        let limits = &limits[..n_rows];
         maxes.fill(f32::NEG_INFINITY);
         denoms.fill(0.0);
         acc.fill(0.0);
@@ -335,19 +424,30 @@ impl<K: Elem, C: Elem> Kernel for Span<'_, '_, K, C> {
                     prefetch(&job.v[at..at + width]);
                 }
                 let at = &offsets[i..i + take];
+                let first = b0 + i;
                 match take {
-                    4 => score_positions::<V, K, 4>(v, job.k, at, i, q, d, job.scale, scores),
-                    2 => score_positions::<V, K, 2>(v, job.k, at, i, q, d, job.scale, scores),
-                    _ => score_positions::<V, K, 1>(v, job.k, at, i, q, d, job.scale, scores),
+                    4 => score_positions::<V, K, 4>(v, job.k, at, i, first, q, d, limits, job.scale, scores),
+                    2 => score_positions::<V, K, 2>(v, job.k, at, i, first, q, d, limits, job.scale, scores),
+                    _ => score_positions::<V, K, 1>(v, job.k, at, i, first, q, d, limits, job.scale, scores),
                 }
                 i += take;
             }
             // Online softmax: rescale what was summed under the old maximum.
-            for h in 0..heads {
-                let s = &mut scores[h * POS_BLOCK..h * POS_BLOCK + b1 - b0];
+            for h in 0..n_rows * heads {
+                let s = &mut scores[h * POS_BLOCK..h * POS_BLOCK + n];
+                // Positions past the row's own are not its context (nor scored for it).
+                let limit = limits[(h / group) % n_rows];
+                if limit < b1 {
+                    s[limit.saturating_sub(b0)..].fill(f32::NEG_INFINITY);
+                }
                 // A compare and a select per score (NaN scores are passed over, as by f32::max).
                 let block_max = s.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
                 let new_max = maxes[h].max(block_max);
+                if new_max == f32::NEG_INFINITY {
+                    // No position of this row yet (a span past it): nothing to add.
+                    s.fill(0.0);
+                    continue;
+                }
                 if new_max > maxes[h] {
                     let c = (maxes[h] - new_max).exp();
                     denoms[h] *= c;
@@ -360,22 +460,30 @@ impl<K: Elem, C: Elem> Kernel for Span<'_, '_, K, C> {
                 denoms[h] += s.iter().sum::<f32>();
             }
             // Weighted values: per kv head, the block's value rows into each of its query heads'
-            // accumulators, which stay in registers across the block.
+            // accumulators, which stay in registers across the block; each row's heads over its
+            // own positions only.
             let mut rows: [&[C]; POS_BLOCK] = [&[]; POS_BLOCK];
             for g in 0..d.kv_heads {
                 for (row, &at) in rows[..n].iter_mut().zip(&offsets) {
                     let at = at + g * hd;
                     *row = &job.v[at..at + hd];
                 }
-                // The group's heads in sets of 4, 2 or 1, each value vector widened once per set.
-                let (mut h, end) = (g * group, (g + 1) * group);
-                while h < end {
-                    let (ys, w) = (&mut acc[h * hd..end * hd], &scores[h * POS_BLOCK..]);
-                    h += match end - h {
-                        4.. => axpy_rows::<V, C, ACC_VECTORS, 4>(v, ys, hd, w, &rows[..n]),
-                        2 | 3 => axpy_rows::<V, C, ACC_VECTORS, 2>(v, ys, hd, w, &rows[..n]),
-                        _ => axpy_rows::<V, C, ACC_VECTORS, 1>(v, ys, hd, w, &rows[..n]),
-                    };
+                for (r, &limit) in limits.iter().enumerate() {
+                    let m = limit.saturating_sub(b0).min(n);
+                    if m == 0 {
+                        continue;
+                    }
+                    // The row's heads of the group in sets of 4, 2 or 1, each value vector widened
+                    // once per set.
+                    let (mut h, end) = ((g * n_rows + r) * group, (g * n_rows + r + 1) * group);
+                    while h < end {
+                        let (ys, w) = (&mut acc[h * hd..end * hd], &scores[h * POS_BLOCK..]);
+                        h += match end - h {
+                            4.. => axpy_rows::<V, C, ACC_VECTORS, 4>(v, ys, hd, w, &rows[..m]),
+                            2 | 3 => axpy_rows::<V, C, ACC_VECTORS, 2>(v, ys, hd, w, &rows[..m]),
+                            _ => axpy_rows::<V, C, ACC_VECTORS, 1>(v, ys, hd, w, &rows[..m]),
+                        };
+                    }
                 }
             }
             b0 = b1;
@@ -435,9 +543,11 @@ fn prefetch<T>(row: &[T]) {
     let _ = row;
 }
 
-/// The scores of `P` positions (cache offsets `at`, kv head 0, block index `i` onward) for every
-/// query head of the row (`q`, `[heads, hd]`): `scores[h * POS_BLOCK + i + j] = scale q_h . k_j`.
-/// Each kv head's keys are widened once for its query heads in sets of 4, 2 or 1.
+/// The scores of `P` positions (cache offsets `at`, kv head 0, block index `i` onward, position
+/// `first` onward) for every query head of the tile's rows (`q`, `[n * heads, hd]` in tile-head
+/// order, `n = limits.len()`): `scores[h * POS_BLOCK + i + j] = scale q_h . k_j`. Each kv head's
+/// keys are widened once for each row's query heads of it, in sets of 4, 2 or 1; a row whose
+/// positions (`limits`) end before `first` is passed over.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn score_positions<V: Vector, K: Elem, const P: usize>(
@@ -445,26 +555,34 @@ fn score_positions<V: Vector, K: Elem, const P: usize>(
     k: &[K],
     at: &[usize],
     i: usize,
+    first: usize,
     q: &[f32],
     d: AttnDims,
+    limits: &[usize],
     scale: f32,
     scores: &mut [f32],
 ) {
     let hd = d.head_dim;
     let group = d.heads / d.kv_heads;
+    let n = limits.len();
     for g in 0..d.kv_heads {
         let mut keys: [&[K]; P] = [&[]; P];
         for (key, &at) in keys.iter_mut().zip(at) {
             *key = &k[at + g * hd..][..hd];
         }
-        let (mut h, end) = (g * group, (g + 1) * group);
-        while h < end {
-            let qs = &q[h * hd..end * hd];
-            h += match end - h {
-                4.. => put(scores, h, i, scale, dots::<V, K, 4, P>(v, qs, hd, keys)),
-                2 | 3 => put(scores, h, i, scale, dots::<V, K, 2, P>(v, qs, hd, keys)),
-                _ => put(scores, h, i, scale, dots::<V, K, 1, P>(v, qs, hd, keys)),
-            };
+        for (r, &limit) in limits.iter().enumerate() {
+            if limit <= first {
+                continue;
+            }
+            let (mut h, end) = ((g * n + r) * group, (g * n + r + 1) * group);
+            while h < end {
+                let qs = &q[h * hd..end * hd];
+                h += match end - h {
+                    4.. => put(scores, h, i, scale, dots::<V, K, 4, P>(v, qs, hd, keys)),
+                    2 | 3 => put(scores, h, i, scale, dots::<V, K, 2, P>(v, qs, hd, keys)),
+                    _ => put(scores, h, i, scale, dots::<V, K, 1, P>(v, qs, hd, keys)),
+                };
+            }
         }
     }
 }
@@ -746,7 +864,7 @@ mod tests {
         // spans, so some spans are empty), merged: within the same bound. The output starts
         // poisoned, so an element the merge does not write fails.
         let d = crate::ops::check_attention(&q, &cache, &table, &slots, &pos, scale, &out).unwrap();
-        let spans = spans_per_row(rows, 80, fast.threads(), 1);
+        let spans = spans_per_row(tiles(slots_of).len(), 80, fast.threads(), 1);
         assert!(spans > 1, "{} rows on {} threads: no split", rows, fast.threads());
         fast.write(&mut out, bytemuck::cast_slice(&vec![f32::NAN; rows * heads * hd])).unwrap();
         attention_spans(fast, d, &q, &cache, &table, &slots, &pos, scale, &mut out, 1).unwrap();
@@ -779,6 +897,15 @@ mod tests {
             }
             // A peaked softmax.
             check(&fast, DType::F32, DType::F16, 2, 1, 8, &[79, 40], &[0, 2], 30.0);
+            // Prefill chunks: runs of one slot's rows share tiles (of 8 and 3 rows here), whose
+            // rows stop at different positions (one in another block of 32 than the tile's
+            // last), beside single rows; groups of 2 and 4 query heads.
+            let positions: Vec<u32> = (60..71).chain([5]).chain(0..3).chain([79, 1, 41]).collect();
+            let slots_of: Vec<u32> = [[1; 11].as_slice(), &[0], &[2; 3], &[1, 2, 2]].concat();
+            check(&fast, DType::BF16, DType::F16, 4, 2, 17, &positions, &slots_of, 0.25);
+            check(&fast, DType::F32, DType::BF16, 8, 2, 32, &positions, &slots_of, 0.25);
+            let positions: Vec<u32> = (20..36).chain([0, 70]).collect();
+            check(&fast, DType::BF16, DType::BF16, 8, 2, 48, &positions, &[0; 18], 0.125);
         }
     }
 
