@@ -223,10 +223,10 @@ fn main() {
     println!("read peak: {peak_before:.2} GB/s before, {peak_after:.2} GB/s after the decode");
 
     let mut records = Vec::new();
-    for (batch, filled_to, steps) in timed {
+    for (batch, context, steps) in timed {
         let n = steps.times.len();
         if n == 0 {
-            println!("decode batch {batch} context {filled_to}: no step was timed");
+            println!("decode batch {batch} context {context}: no step was timed");
             continue;
         }
         let mut sorted = steps.times.clone();

@@ -19,14 +19,12 @@
 
 mod common;
 
-use std::fmt::Debug;
-
+use common::spare::{f32_pair, pair, same};
 use common::{Rng, *};
 use memwall_runtime::cpu::Reference;
-use memwall_runtime::{Backend, DType, Llama3RopeScaling, Rope, Tensor};
+use memwall_runtime::{Backend, DType, Llama3RopeScaling, Rope};
 use proptest::prelude::*;
 use proptest::sample::select;
-use proptest::test_runner::{RngSeed, TestRunner};
 
 static REF: Reference = Reference;
 
@@ -35,27 +33,8 @@ const ROW_SIZES: [usize; 5] = [1, 2, 3, 5, 17];
 /// 4096 vectorised, 4097 not).
 const COL_SIZES: [usize; 8] = [1, 3, 17, 64, 130, 1028, 4096, 4097];
 
-/// Runs `test` on `cases` cases of `strategy` (fixed seed, no failure files: every run checks the
-/// same cases), failing with the backend's name.
-fn run_cases<S: Strategy>(who: &str, cases: u32, strategy: S, test: impl Fn(S::Value))
-where
-    S::Value: Debug,
-{
-    let config = ProptestConfig {
-        cases,
-        rng_seed: RngSeed::Fixed(0x6770_7565_6c65_6d21),
-        failure_persistence: None,
-        max_shrink_iters: 50,
-        ..ProptestConfig::default()
-    };
-    let mut runner = TestRunner::new(config);
-    if let Err(e) = runner.run(&strategy, |v| {
-        test(v);
-        Ok(())
-    }) {
-        panic!("{who}: {e}");
-    }
-}
+/// The seed of this suite's proptest cases (`common::run_cases`).
+const SEED: u64 = 0x6770_7565_6c65_6d21;
 
 // ---------------------------------------------------------------------------------------------
 // rms_norm
@@ -106,7 +85,9 @@ fn rms_norm_cases<B: Backend>(b: &B, who: &str, cases: u32) {
         select(vec![1e-5f32, 1e-6]),
         any::<u64>(),
     );
-    run_cases(who, cases, shapes, |(rows, cols, w, eps, seed)| rms_norm_case(b, rows, cols, w, eps, seed));
+    run_cases(SEED, who, cases, shapes, |(rows, cols, w, eps, seed)| {
+        rms_norm_case(b, rows, cols, w, eps, seed)
+    });
     // Wide rows (Llama 3 70B's 8192 and beyond), vectorised and not.
     for (cols, w) in [(16388, DType::BF16), (16385, DType::F8E4M3Fn)] {
         rms_norm_case(b, 2, cols, w, 1e-5, cols as u64);
@@ -191,7 +172,7 @@ fn rope_cases<B: Backend>(b: &B, who: &str, cases: u32) {
         select(vec![16u32, 4096, 131_072, u32::MAX]),
         any::<u64>(),
     );
-    run_cases(who, cases, shapes, |(rows, heads, rope, max_pos, seed)| {
+    run_cases(SEED, who, cases, shapes, |(rows, heads, rope, max_pos, seed)| {
         rope_case(b, rows, heads, &rope, max_pos, seed)
     });
     // Llama 3.1 8B's rope, a decode row and a prefill of 40 rows up to 128K.
@@ -275,51 +256,12 @@ fn add_assign_case<B: Backend>(b: &B, rows: usize, cols: usize, seed: u64) {
 
 fn silu_mul_and_add_assign_cases<B: Backend>(b: &B, who: &str, cases: u32) {
     let shapes = (select(ROW_SIZES.to_vec()), select(COL_SIZES.to_vec()), any::<u64>());
-    run_cases(who, cases, shapes.clone(), |(rows, cols, seed)| silu_mul_case(b, rows, cols, seed));
-    run_cases(who, cases, shapes, |(rows, cols, seed)| add_assign_case(b, rows, cols, seed));
+    run_cases(SEED, who, cases, shapes.clone(), |(rows, cols, seed)| silu_mul_case(b, rows, cols, seed));
+    run_cases(SEED, who, cases, shapes, |(rows, cols, seed)| add_assign_case(b, rows, cols, seed));
 }
 
 // ---------------------------------------------------------------------------------------------
 // set_rows
-
-/// Rows the spare tensors are allocated with, and the rows the ops run on.
-const MAX: usize = 9;
-const ROWS: usize = 3;
-
-/// `[ROWS, row..]` holding `bytes` exactly sized, and the same in storage for `MAX` rows whose
-/// spare rows are poison.
-fn pair<B: Backend>(
-    b: &B,
-    dtype: DType,
-    row: &[usize],
-    bytes: &[u8],
-) -> (Tensor<B::Storage>, Tensor<B::Storage>) {
-    let shape = |r: usize| [&[r][..], row].concat();
-    let exact = b.upload(dtype, &shape(ROWS), bytes).unwrap_or_else(|e| panic!("{}: upload: {e}", b.name()));
-    let mut spare = poisoned(b, dtype, &shape(MAX));
-    spare.set_rows(ROWS).unwrap_or_else(|e| panic!("{}: set_rows: {e}", b.name()));
-    b.write(&mut spare, bytes).unwrap_or_else(|e| panic!("{}: write: {e}", b.name()));
-    (exact, spare)
-}
-
-fn f32_pair<B: Backend>(b: &B, rng: &mut Rng, row: &[usize]) -> (Tensor<B::Storage>, Tensor<B::Storage>) {
-    let n = ROWS * row.iter().product::<usize>();
-    pair(b, DType::F32, row, bytemuck::cast_slice(&random_values(rng, DType::F32, n)))
-}
-
-/// The spare tensor equals the exact one over its rows, and its spare rows are still poison.
-fn same<B: Backend>(b: &B, name: &str, exact: &Tensor<B::Storage>, spare: &mut Tensor<B::Storage>) {
-    let want = read_bytes(b, exact);
-    spare.set_rows(MAX).unwrap_or_else(|e| panic!("{}: set_rows: {e}", b.name()));
-    let all = read_bytes(b, spare);
-    spare.set_rows(ROWS).unwrap_or_else(|e| panic!("{}: set_rows: {e}", b.name()));
-    let (head, tail) = all.split_at(want.len());
-    assert_same_bytes(&format!("{} {name}: rows", b.name()), spare.dtype(), head, &want);
-    let poison = poison_bytes(spare.dtype(), tail.len() / spare.dtype().size());
-    if let Some(i) = tail.iter().zip(&poison).position(|(g, w)| g != w) {
-        panic!("{} {name}: spare byte {i} past the {} current bytes was written", b.name(), want.len());
-    }
-}
 
 fn set_rows_respected<B: Backend>(b: &B) {
     let mut rng = Rng::new(0x5e7_0005);

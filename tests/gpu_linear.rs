@@ -30,29 +30,11 @@ use memwall_runtime::ops::LinearDims;
 use memwall_runtime::{Backend, DType, HostStorage, Linear, WeightScale};
 use proptest::prelude::*;
 use proptest::sample::select;
-use proptest::test_runner::{RngSeed, TestRunner};
 
 static REF: Reference = Reference;
 
-fn run_cases<S: Strategy>(who: &str, cases: u32, strategy: S, test: impl Fn(S::Value))
-where
-    S::Value: Debug,
-{
-    let config = ProptestConfig {
-        cases,
-        rng_seed: RngSeed::Fixed(0x6770_756c_696e_6561),
-        failure_persistence: None,
-        max_shrink_iters: 50,
-        ..ProptestConfig::default()
-    };
-    let mut runner = TestRunner::new(config);
-    if let Err(e) = runner.run(&strategy, |v| {
-        test(v);
-        Ok(())
-    }) {
-        panic!("{who}: {e}");
-    }
-}
+/// The seed of this suite's proptest cases (`common::run_cases`).
+const SEED: u64 = 0x6770_756c_696e_6561;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum ScaleKind {
@@ -347,8 +329,8 @@ fn check_gate_up<B: Backend>(b: &B, c: &Case) {
 /// Fused rows (every row tile and the counts between) and a few composed ones (the GEMM tails).
 fn gate_up_cases<B: Backend>(b: &B, who: &str, fused: u32, composed: u32) {
     let f32_out = |c: Case| Case { y: DType::F32, ..c };
-    run_cases(who, fused, case(GEMV_ROWS.to_vec()).prop_map(f32_out), |c| check_gate_up(b, &c));
-    run_cases(who, composed, case(vec![17, 31]).prop_map(f32_out), |c| check_gate_up(b, &c));
+    run_cases(SEED, who, fused, case(GEMV_ROWS.to_vec()).prop_map(f32_out), |c| check_gate_up(b, &c));
+    run_cases(SEED, who, composed, case(vec![17, 31]).prop_map(f32_out), |c| check_gate_up(b, &c));
 }
 
 /// Every weight dtype and scale kind of the fused kernel once on its vector path (k = 128) and its
@@ -379,11 +361,11 @@ const GEMV_ROWS: [usize; 6] = [1, 2, 3, 4, 5, 16];
 const GEMM_ROWS: [usize; 6] = [17, 31, 64, 70, 129, 200];
 
 fn gemv_cases<B: Backend>(b: &B, who: &str, cases: u32) {
-    run_cases(who, cases, case(GEMV_ROWS.to_vec()), |c| check(b, &c));
+    run_cases(SEED, who, cases, case(GEMV_ROWS.to_vec()), |c| check(b, &c));
 }
 
 fn gemm_cases<B: Backend>(b: &B, who: &str, cases: u32) {
-    run_cases(who, cases, case(GEMM_ROWS.to_vec()), |c| check(b, &c));
+    run_cases(SEED, who, cases, case(GEMM_ROWS.to_vec()), |c| check(b, &c));
 }
 
 /// Every weight dtype and scale kind once on the vector path of the GEMV and of the GEMM the

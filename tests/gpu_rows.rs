@@ -18,38 +18,19 @@ mod common;
 use std::fmt::Debug;
 
 use common::gpu::linear_to_backend;
+use common::spare::{f32_pair, pair, same};
 use common::{Rng, *};
 use memwall_runtime::cpu::Reference;
-use memwall_runtime::{Backend, DType, Error, HostStorage, Linear, Tensor, WeightScale};
+use memwall_runtime::{Backend, DType, Error, HostStorage, Linear, WeightScale};
 use proptest::prelude::*;
 use proptest::sample::select;
-use proptest::test_runner::{RngSeed, TestRunner};
 
 static REF: Reference = Reference;
 
 const PICKED: [usize; 5] = [1, 2, 3, 5, 17];
 
-/// Runs `test` on `cases` cases of `strategy` (fixed seed, no failure files: every run checks the
-/// same cases), failing with the backend's name.
-fn run_cases<S: Strategy>(who: &str, cases: u32, strategy: S, test: impl Fn(S::Value))
-where
-    S::Value: Debug,
-{
-    let config = ProptestConfig {
-        cases,
-        rng_seed: RngSeed::Fixed(0x6770_7572_6f77_7321),
-        failure_persistence: None,
-        max_shrink_iters: 50,
-        ..ProptestConfig::default()
-    };
-    let mut runner = TestRunner::new(config);
-    if let Err(e) = runner.run(&strategy, |v| {
-        test(v);
-        Ok(())
-    }) {
-        panic!("{who}: {e}");
-    }
-}
+/// The seed of this suite's proptest cases (`common::run_cases`).
+const SEED: u64 = 0x6770_7572_6f77_7321;
 
 // ---------------------------------------------------------------------------------------------
 // embedding
@@ -246,7 +227,7 @@ fn embedding_bad_id<B: Backend>(b: &B) {
 }
 
 fn embedding_cases<B: Backend>(b: &B, who: &str, cases: u32) {
-    run_cases(who, cases, embedding_case(), |c| embedding_case_run(b, &c));
+    run_cases(SEED, who, cases, embedding_case(), |c| embedding_case_run(b, &c));
     embedding_bad_id(b);
 }
 
@@ -312,7 +293,9 @@ fn gather_rows_cases<B: Backend>(b: &B, who: &str, cases: u32) {
         select(PICKED.to_vec()),
         any::<u64>(),
     );
-    run_cases(who, cases, shapes, |(rows, cols, picked, seed)| gather_rows_case(b, rows, cols, picked, seed));
+    run_cases(SEED, who, cases, shapes, |(rows, cols, picked, seed)| {
+        gather_rows_case(b, rows, cols, picked, seed)
+    });
     gather_rows_bad_index(b);
 }
 
@@ -394,7 +377,7 @@ fn scatter_add_rows_cases<B: Backend>(b: &B, who: &str, cases: u32) {
         select(PICKED.to_vec()),
         any::<u64>(),
     );
-    run_cases(who, cases, shapes, |(rows, cols, picked, seed)| {
+    run_cases(SEED, who, cases, shapes, |(rows, cols, picked, seed)| {
         // Few distinct rows, so several contributions land on one row.
         let iv = random_indices(&mut Rng::new(seed ^ 1), picked, rows.min(1 + picked / 2));
         scatter_compare(b, rows, cols, &iv, seed, &[]);
@@ -413,45 +396,6 @@ fn scatter_add_rows_cases<B: Backend>(b: &B, who: &str, cases: u32) {
 
 // ---------------------------------------------------------------------------------------------
 // set_rows
-
-/// Rows the spare tensors are allocated with, and the rows the ops run on.
-const MAX: usize = 9;
-const ROWS: usize = 3;
-
-/// `[ROWS, row..]` holding `bytes` exactly sized, and the same in storage for `MAX` rows whose
-/// spare rows are poison.
-fn pair<B: Backend>(
-    b: &B,
-    dtype: DType,
-    row: &[usize],
-    bytes: &[u8],
-) -> (Tensor<B::Storage>, Tensor<B::Storage>) {
-    let shape = |r: usize| [&[r][..], row].concat();
-    let exact = b.upload(dtype, &shape(ROWS), bytes).unwrap_or_else(|e| panic!("{}: upload: {e}", b.name()));
-    let mut spare = poisoned(b, dtype, &shape(MAX));
-    spare.set_rows(ROWS).unwrap_or_else(|e| panic!("{}: set_rows: {e}", b.name()));
-    b.write(&mut spare, bytes).unwrap_or_else(|e| panic!("{}: write: {e}", b.name()));
-    (exact, spare)
-}
-
-fn f32_pair<B: Backend>(b: &B, rng: &mut Rng, row: &[usize]) -> (Tensor<B::Storage>, Tensor<B::Storage>) {
-    let n = ROWS * row.iter().product::<usize>();
-    pair(b, DType::F32, row, bytemuck::cast_slice(&random_values(rng, DType::F32, n)))
-}
-
-/// The spare tensor equals the exact one over its rows, and its spare rows are still poison.
-fn same<B: Backend>(b: &B, name: &str, exact: &Tensor<B::Storage>, spare: &mut Tensor<B::Storage>) {
-    let want = read_bytes(b, exact);
-    spare.set_rows(MAX).unwrap_or_else(|e| panic!("{}: set_rows: {e}", b.name()));
-    let all = read_bytes(b, spare);
-    spare.set_rows(ROWS).unwrap_or_else(|e| panic!("{}: set_rows: {e}", b.name()));
-    let (head, tail) = all.split_at(want.len());
-    assert_same_bytes(&format!("{} {name}: rows", b.name()), spare.dtype(), head, &want);
-    let poison = poison_bytes(spare.dtype(), tail.len() / spare.dtype().size());
-    if let Some(i) = tail.iter().zip(&poison).position(|(g, w)| g != w) {
-        panic!("{} {name}: spare byte {i} past the {} current bytes was written", b.name(), want.len());
-    }
-}
 
 fn set_rows_respected<B: Backend>(b: &B) {
     let mut rng = Rng::new(0x5e7_0006);

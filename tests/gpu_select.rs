@@ -30,27 +30,9 @@ use memwall_runtime::ops::sample_uniform;
 use memwall_runtime::{Backend, DType, SamplingParams};
 use proptest::prelude::*;
 use proptest::sample::select;
-use proptest::test_runner::{RngSeed, TestRunner};
 
-fn run_cases<S: Strategy>(who: &str, cases: u32, strategy: S, test: impl Fn(S::Value))
-where
-    S::Value: Debug,
-{
-    let config = ProptestConfig {
-        cases,
-        rng_seed: RngSeed::Fixed(0x6770_7573_656c_6563),
-        failure_persistence: None,
-        max_shrink_iters: 20,
-        ..ProptestConfig::default()
-    };
-    let mut runner = TestRunner::new(config);
-    if let Err(e) = runner.run(&strategy, |v| {
-        test(v);
-        Ok(())
-    }) {
-        panic!("{who}: {e}");
-    }
-}
+/// The seed of this suite's proptest cases (`common::run_cases`).
+const SEED: u64 = 0x6770_7573_656c_6563;
 
 /// How a row's values are made.
 #[derive(Clone, Copy, Debug)]
@@ -114,7 +96,7 @@ const COLS: [usize; 7] = [1, 2, 3, 17, 256, 4097, 33_001];
 
 fn argmax_cases<B: Backend>(b: &B, who: &str, cases: u32) {
     let strategy = (select(vec![1usize, 2, 5]), select(COLS.to_vec()), values(), any::<u64>());
-    run_cases(who, cases, strategy, |(rows, cols, values, seed)| {
+    run_cases(SEED, who, cases, strategy, |(rows, cols, values, seed)| {
         let mut rng = Rng::new(seed);
         let v = make_rows(&mut rng, values, rows, cols);
         let want: Vec<u32> = v.chunks(cols).map(Reference::argmax_row).collect();
@@ -136,7 +118,7 @@ fn router_cases<B: Backend>(b: &B, who: &str, cases: u32) {
         values(),
         any::<u64>(),
     );
-    run_cases(who, cases, strategy, |(rows, experts, k_pick, values, seed)| {
+    run_cases(SEED, who, cases, strategy, |(rows, experts, k_pick, values, seed)| {
         let k = 1 + (k_pick as usize) % experts.min(9);
         let mut rng = Rng::new(seed);
         let v = make_rows(&mut rng, values, rows, experts);
@@ -230,7 +212,7 @@ fn sample_one<B: Backend>(b: &B, c: &SampleCase, exempt: &Cell<usize>) {
 
 fn sample_cases<B: Backend>(b: &B, who: &str, cases: u32) {
     let exempt = Cell::new(0usize);
-    run_cases(who, cases, sample_case(), |c| sample_one(b, &c, &exempt));
+    run_cases(SEED, who, cases, sample_case(), |c| sample_one(b, &c, &exempt));
     // Every draw is a row; rows average ~3 per case. A boundary tie within 1e-9 is a rare event.
     assert!(
         exempt.get() * 50 <= cases as usize,

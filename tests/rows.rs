@@ -6,40 +6,10 @@
 
 mod common;
 
+use common::spare::{ROWS, f32_pair, pair_at as pair};
 use common::*;
 use memwall_runtime::cpu::{Fast, Reference};
 use memwall_runtime::{Backend, DType, HostStorage, HostTensor, KvCacheLayer, Linear, Rope, SamplingParams};
-
-/// Rows the spare tensors are allocated with.
-const MAX: usize = 9;
-/// Rows the ops run on.
-const ROWS: usize = 3;
-
-/// `[rows, row..]` holding `bytes`: exactly sized, and in storage for `MAX` rows with the spare
-/// rows poisoned.
-fn pair<B: Backend<Storage = HostStorage>>(
-    b: &B,
-    dtype: DType,
-    rows: usize,
-    row: &[usize],
-    bytes: &[u8],
-) -> (HostTensor, HostTensor) {
-    let shape = |r: usize| [&[r][..], row].concat();
-    let exact = b.upload(dtype, &shape(rows), bytes).unwrap_or_else(|e| panic!("{}: upload: {e}", b.name()));
-    let mut spare = poisoned(b, dtype, &shape(MAX));
-    spare.set_rows(rows).unwrap_or_else(|e| panic!("{}: set_rows: {e}", b.name()));
-    b.write(&mut spare, bytes).unwrap_or_else(|e| panic!("{}: write: {e}", b.name()));
-    (exact, spare)
-}
-
-fn f32_pair<B: Backend<Storage = HostStorage>>(
-    b: &B,
-    rng: &mut Rng,
-    row: &[usize],
-) -> (HostTensor, HostTensor) {
-    let n = ROWS * row.iter().product::<usize>();
-    pair(b, DType::F32, ROWS, row, bytemuck::cast_slice(&random_values(rng, DType::F32, n)))
-}
 
 fn u32_pair<B: Backend<Storage = HostStorage>>(b: &B, rows: usize, vals: &[u32]) -> (HostTensor, HostTensor) {
     pair(b, DType::U32, rows, &[], bytemuck::cast_slice(vals))

@@ -12,8 +12,33 @@
 
 pub mod cli;
 pub mod gpu;
+pub mod spare;
 
 use memwall_runtime::{Backend, DType, Float, Tensor, with_float_type};
+use proptest::prelude::{ProptestConfig, Strategy};
+use proptest::test_runner::{RngSeed, TestRunner};
+
+/// Runs `test` on `cases` cases of `strategy` from `seed` (a fixed seed per suite and no failure
+/// files: every run checks the same cases), failing with `who` (the backend's name) and the case.
+pub fn run_cases<S: Strategy>(seed: u64, who: &str, cases: u32, strategy: S, test: impl Fn(S::Value))
+where
+    S::Value: std::fmt::Debug,
+{
+    let config = ProptestConfig {
+        cases,
+        rng_seed: RngSeed::Fixed(seed),
+        failure_persistence: None,
+        max_shrink_iters: 50,
+        ..ProptestConfig::default()
+    };
+    let mut runner = TestRunner::new(config);
+    if let Err(e) = runner.run(&strategy, |v| {
+        test(v);
+        Ok(())
+    }) {
+        panic!("{who}: {e}");
+    }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Random inputs
