@@ -34,7 +34,9 @@
 #      target/device-check/results).
 # Each step has its own time limit, and no step runs past the run's budget
 # (MEMWALL_CHECK_BUDGET_S, default 510 s: a step's limit is cut to what is left, and with under
-# 5 s left it is skipped), so the summary comes back inside a 540 s call. Expected on one H200
+# 5 s left it is skipped), so the summary comes back inside a 540 s call. The tests (step 2)
+# share at most MEMWALL_CHECK_TEST_BUDGET_S of it (default 240 s), so the measurements of steps
+# 3-5 always get the rest. Expected on one H200
 # (estimates: no run has happened yet): the tests 2-4 min, peak and the parity run 10 s, the
 # bench 1-2 min (limit 240 s; it stops starting shapes after 200 s), the end-to-end about 1 min
 # (synth 15-40 s for 16 GB, load and decode 15-40 s, peak 5 s).
@@ -45,7 +47,8 @@
 #
 # `bash scripts/device-check.sh e2e BIN_DIR BACKEND SHAPE [DIR]` runs only the end-to-end steps,
 # with the `memwall` of BIN_DIR on BACKEND (cpu or cuda) and SHAPE (a preset or a config.json):
-# `e2e target/debug cpu tiny-config.json` tries them here.
+# `e2e target/debug cpu tests/fixtures/configs/tiny-llama.json` tries them here (a config.json
+# gets the prompt ids modulo its vocabulary).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pack=target/device-check
@@ -85,9 +88,13 @@ EOF
 step() {
   local name=$1 limit=$2
   shift 2
-  local left=$((budget - (SECONDS - run_start)))
+  local left=$((budget - (SECONDS - run_start))) over="budget ${budget}s"
+  # Inside a stage (`stage`), also what is left of the stage's own share.
+  if [[ -n $stage_end ]] && ((stage_end - SECONDS < left)); then
+    left=$((stage_end - SECONDS)) over=$stage_what
+  fi
   if ((left < 5)); then
-    printf '%-28s %-24s %4ds\n' "$name" "SKIP (budget ${budget}s)" 0 | tee -a "$results/summary.txt"
+    printf '%-28s %-24s %4ds\n' "$name" "SKIP ($over)" 0 | tee -a "$results/summary.txt"
     failed=$((failed + 1))
     return 0
   fi
@@ -103,6 +110,15 @@ step() {
   ((rc == 0)) || failed=$((failed + 1))
   printf '%-28s %-24s %4ds\n' "$name" "$verdict" $((SECONDS - t0)) | tee -a "$results/summary.txt"
   grep -E '^test result:|panicked at|^error|skipping' "$results/$name.log" | head -5 | sed 's/^/    /' | tee -a "$results/summary.txt" || true
+}
+
+# stage NAME SECONDS: the steps after it, until `stage_done`, share at most SECONDS of the budget
+# (each step's limit is cut to what is left of both).
+stage() {
+  stage_end=$((SECONDS + $2)) stage_what="$1 ${2}s"
+}
+stage_done() {
+  stage_end='' stage_what=''
 }
 
 # show SED_SCRIPT NAME: the lines of step NAME's log that `sed -n SED_SCRIPT` prints; nothing if
@@ -135,6 +151,12 @@ e2e() {
   local bin=$1 backend=$2 shape=$3 need_gb=$4 synth_limit=$5
   # 16 prompt ids below every vocabulary the presets have (Llama 3.1's BOS first).
   local prompt=128000,791,1176,14198,39935,35308,927,279,16053,5679,13,578,4062,374,264,1296
+  # A config.json of a smaller vocabulary (a test config): the same ids modulo its size.
+  if [[ -f $shape ]]; then
+    prompt=$(python3 -c 'import json, sys
+v = json.load(open(sys.argv[1]))["vocab_size"]
+print(",".join(str(int(t) % v) for t in sys.argv[2].split(",")))' "$shape" "$prompt")
+  fi
   local root ckpt
   # The peak first: without the device it fails at once, and nothing is written.
   step "peak-$backend-json" 60 "$bin/memwall" peak --backend "$backend" --json
@@ -184,12 +206,17 @@ run() {
   step nvidia-smi 30 nvidia-smi -q
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.memory --format=csv,noheader 2>/dev/null | tee -a "$results/summary.txt" || true
   step memwall-info 30 "$bin/memwall" info
+  # The tests share at most MEMWALL_CHECK_TEST_BUDGET_S (default 240 s) of the budget, so that
+  # the measurements after them (peak, bench, end-to-end: 2-4 min expected)
+  # always get theirs; a suite cut short fails (SKIP or over its limit) and is named.
+  stage tests "${MEMWALL_CHECK_TEST_BUDGET_S:-240}"
   # The host-side CUDA tests (NVRTC needs libnvrtc there; a missing one fails, as in CI).
   step cuda_build 60 "$bin/cuda_build"
   step cuda_nvrtc 180 "$bin/cuda_nvrtc" --test-threads=2
   for s in gpu_stream gpu_elementwise gpu_rows gpu_select gpu_linear gpu_qkv gpu_attention experts gpu_model gpu_graphs; do
     step "$s" 240 "$bin/$s" --ignored --test-threads=1
   done
+  stage_done
   # The SM-driven ceiling (stream.cu read and copy, 4 GiB) and the copy engine, vs the datasheet.
   step peak-cuda 60 "$bin/memwall" peak --backend cuda
   # shellcheck disable=SC2016 # sed's $, not the shell's
@@ -216,6 +243,7 @@ start_results() {
   run_start=$SECONDS
   budget=${MEMWALL_CHECK_BUDGET_S:-510}
   failed=0
+  stage_done
 }
 
 # The results after the steps: each kernel and shape, then the end-to-end decode; fails (exit 1)
