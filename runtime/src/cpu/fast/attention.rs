@@ -29,6 +29,11 @@
 //! 64-token prefill chunk took 1.7-2.3 s with tiles and 1.8-2.7 s without (alternated runs),
 //! so no gain there: the chunk's attention is bound by arithmetic (about 50 GFLOP in about 1.2
 //! s), not by the cache reads the tiles save.
+//!
+//! Decode is bound in the core first on that host too: one thread read about 9.5 GB/s of bf16
+//! cache with the cache in L2 or L3, and only 1.3-1.8x less from memory; with 4 query heads per KV
+//! head each bf16 element takes 4 FMAs, so the read peak would need about 95% of the FMA rate
+//! (README, CPU decode attention).
 
 use std::ops::Range;
 
