@@ -26,12 +26,13 @@
 //!   multiple of 64 columns here (128 in every published checkpoint); other widths take the
 //!   vector path. GEMMs keep the vector path: at 4 x rows the widening is shared by the rows and
 //!   the two paths measured the same (FMA-bound).
-//! - GEMM (m > 1): an `MR x NR` tile of x rows by weight rows (4 x 4 with AVX-512's 32
-//!   registers, 4 x 3 with 16), each widened weight vector used for MR rows of x. x is cut into
-//!   blocks of rows that fit in L2 (`X_BLOCK_BYTES`); for each block a task walks its weight rows
-//!   once, so each weight row is read from memory once per block of x rows (once for a whole
-//!   prompt of a few dozen tokens), and the NR rows of a tile stay in L1 while the x rows of the
-//!   block pass over them. A block's last rows, fewer than MR, take a tile of 1 to 3 rows.
+//! - GEMM (m > 1): an `MR x NR` tile of x rows by weight rows (8 x 3 with AVX-512's 32
+//!   registers, 4 x 4 there below 8 rows; 4 x 3 with 16), each widened weight vector used for
+//!   MR rows of x. x is cut into blocks of rows that fit in L2 (`X_BLOCK_BYTES`); for each block
+//!   a task walks its weight rows once, so each weight row is read from memory once per block of
+//!   x rows (once for a whole prompt of a few dozen tokens), and the NR rows of a tile stay in L1
+//!   while the x rows of the block pass over them. A block's last rows, fewer than MR, take one
+//!   or two tiles of 1 to 4 rows.
 //! - Block scales: each block's vector accumulators are multiplied by the block's scale into a
 //!   second set (a broadcast and an FMA per vector) and summed across lanes once per row, where
 //!   the registers hold both sets (`scaled_vectors_fit`: AVX-512's GEMV); elsewhere each block
@@ -61,15 +62,25 @@ use crate::{DType, Error, Float, HostStorage, HostTensor, Result, with_float_typ
 /// bursts did not help. With two cores each needs only half the bandwidth, and the GEMV reaches
 /// 92-98% of the two-core read when the host gives the VM ~35 GB/s.
 pub(crate) const GEMV_ROWS: usize = 8;
-/// x rows and weight rows of a GEMM tile with 32 vector registers (AVX-512): 4 x 4
-/// accumulators + 8 operands.
-const GEMM_WIDE: (usize, usize) = (4, 4);
+/// x rows and weight rows of a GEMM tile with 32 vector registers (AVX-512): 8 x 3
+/// accumulators, 3 widened weight vectors and one x vector. Widening a bf16 vector takes two
+/// instructions on the FMA ports, so the FMAs' share of those ports is MR / (MR + 2) whatever NR
+/// is. Measured on the Intel Xeon (AVX-512) VM, one thread, bf16 weights in cache at k = 4096:
+/// 95 / 108 / 113 GFLOP/s at m = 8 / 16 / 64 against 82 / 92 / 98 with 4 x 4 (4 x 6 measured as
+/// 4 x 4, 6 x 4 between).
+const GEMM_WIDE: (usize, usize) = (8, 3);
+/// The AVX-512 tile for fewer than `GEMM_WIDE.0` rows (decode batches of 2 to 7), whose rows
+/// would all take the 4-row rest tile: 4 x 4 spends one x load on 4 FMAs where 4 x 3 spends it on
+/// 3. The decode bench at batch 4 on the Xeon VM: 41-42 tok/s with 4 x 3, 43-47 with 4 x 4.
+const GEMM_WIDE_FEW: (usize, usize) = (4, 4);
 /// x rows and weight rows of a GEMM tile with 16 vector registers (AVX2, portable): 4 x 3
 /// accumulators, 3 widened weight vectors and one x vector. Measured on the AMD EPYC (Zen 3)
 /// VM, one thread, bf16 weights in cache at k = 4096, m = 4 to 64: 74-78 GFLOP/s (about 75% of
 /// the core's FMA rate), against 56-61 with the 2 x 4 tile before (each weight vector widened
 /// for 2 x rows, not 4).
 const GEMM_NARROW: (usize, usize) = (4, 3);
+/// The tallest tile a GEMM block's last rows (fewer than MR) take; more take two tiles.
+const REST_ROWS: usize = 4;
 /// Bytes of widened x kept hot while the weight rows of a task pass over it (about half an L2).
 const X_BLOCK_BYTES: usize = 256 << 10;
 /// Tasks per worker thread: enough to even out uneven progress, few enough that each streams a
@@ -236,6 +247,8 @@ impl<W: Elem, Y: Float> Kernel for LinearTask<'_, W, Y> {
         let tiler = VectorTiler(v);
         if self.m == 1 {
             task::<W, Y, _, 1, GEMV_ROWS>(tiler, &self);
+        } else if V::LANES >= 16 && self.m < GEMM_WIDE.0 {
+            task::<W, Y, _, { GEMM_WIDE_FEW.0 }, { GEMM_WIDE_FEW.1 }>(tiler, &self);
         } else if V::LANES >= 16 {
             task::<W, Y, _, { GEMM_WIDE.0 }, { GEMM_WIDE.1 }>(tiler, &self);
         } else {
@@ -367,6 +380,8 @@ impl<V: Vector, W: Elem, const MR: usize, const NR: usize> Tiler<W, MR, NR> for 
 fn tile_of(m: usize, lanes: usize) -> (usize, usize) {
     if m == 1 {
         (1, GEMV_ROWS)
+    } else if lanes >= 16 && m < GEMM_WIDE.0 {
+        GEMM_WIDE_FEW
     } else if lanes >= 16 {
         GEMM_WIDE
     } else {
@@ -377,9 +392,9 @@ fn tile_of(m: usize, lanes: usize) -> (usize, usize) {
 #[inline(always)]
 fn task<W: Elem, Y: Float, T, const MR: usize, const NR: usize>(tiler: T, t: &LinearTask<'_, W, Y>)
 where
-    T: Tiler<W, MR, NR> + Tiler<W, 1, NR> + Tiler<W, 2, NR> + Tiler<W, 3, NR>,
+    T: Tiler<W, MR, NR> + Tiler<W, 1, NR> + Tiler<W, 2, NR> + Tiler<W, 3, NR> + Tiler<W, 4, NR>,
 {
-    const { assert!(MR <= 4, "the last rows of a block take tiles of 1 to 3 rows") };
+    const { assert!(MR <= 2 * REST_ROWS, "a block's last rows take at most two tiles") };
     let k = t.k;
     let mut i0 = 0;
     while i0 < t.m {
@@ -396,13 +411,20 @@ where
                 tile_rows::<W, Y, T, MR, NR>(tiler, t, i, j, &w_rows);
                 i += MR;
             }
-            // The block's last rows, fewer than MR, take a tile of their own height (while the
-            // weight rows are still in L1), not a full tile of repeated rows.
-            match i1 - i {
-                0 => {}
-                1 => tile_rows::<W, Y, T, 1, NR>(tiler, t, i, j, &w_rows),
-                2 => tile_rows::<W, Y, T, 2, NR>(tiler, t, i, j, &w_rows),
-                _ => tile_rows::<W, Y, T, 3, NR>(tiler, t, i, j, &w_rows),
+            // The block's last rows, fewer than MR, take tiles of their own height (up to
+            // REST_ROWS, while the weight rows are still in L1), not a full tile of repeated rows.
+            // A GEMV (MR = 1) has none, and its instances leave this out.
+            if MR > 1 {
+                while i < i1 {
+                    let h = (i1 - i).min(REST_ROWS);
+                    match h {
+                        1 => tile_rows::<W, Y, T, 1, NR>(tiler, t, i, j, &w_rows),
+                        2 => tile_rows::<W, Y, T, 2, NR>(tiler, t, i, j, &w_rows),
+                        3 => tile_rows::<W, Y, T, 3, NR>(tiler, t, i, j, &w_rows),
+                        _ => tile_rows::<W, Y, T, REST_ROWS, NR>(tiler, t, i, j, &w_rows),
+                    }
+                    i += h;
+                }
             }
             j += NR;
         }
@@ -957,6 +979,7 @@ mod tests {
                     (4, 4, 16),
                     (3, 4, 9),
                     (7, 5, 23),
+                    (15, 7, 40),
                 ] {
                     check(
                         &fast,
