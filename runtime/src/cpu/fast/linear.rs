@@ -244,16 +244,34 @@ impl<W: Elem, Y: Float> Kernel for LinearTask<'_, W, Y> {
 
     #[inline(always)]
     fn run<V: Vector>(self, v: V) {
-        let tiler = VectorTiler(v);
-        if self.m == 1 {
-            task::<W, Y, _, 1, GEMV_ROWS>(tiler, &self);
-        } else if V::LANES >= 16 && self.m < GEMM_WIDE.0 {
-            task::<W, Y, _, { GEMM_WIDE_FEW.0 }, { GEMM_WIDE_FEW.1 }>(tiler, &self);
-        } else if V::LANES >= 16 {
-            task::<W, Y, _, { GEMM_WIDE.0 }, { GEMM_WIDE.1 }>(tiler, &self);
-        } else {
-            task::<W, Y, _, { GEMM_NARROW.0 }, { GEMM_NARROW.1 }>(tiler, &self);
-        }
+        task_tiles(VectorTiler(v), &self);
+    }
+}
+
+/// Runs a task with the tile [`tile_of`] picks for its rows on the tiler's vectors.
+#[inline(always)]
+fn task_tiles<W: Elem, Y: Float, T>(tiler: T, t: &LinearTask<'_, W, Y>)
+where
+    T: Tiler<W, 1, GEMV_ROWS>
+        + Tiler<W, 2, GEMV_ROWS>
+        + Tiler<W, 3, GEMV_ROWS>
+        + Tiler<W, 4, GEMV_ROWS>
+        + Tiler<W, 8, 3>
+        + Tiler<W, 4, 4>
+        + Tiler<W, 3, 4>
+        + Tiler<W, 2, 4>
+        + Tiler<W, 1, 4>
+        + Tiler<W, 4, 3>
+        + Tiler<W, 3, 3>
+        + Tiler<W, 2, 3>
+        + Tiler<W, 1, 3>,
+{
+    let lanes = <<T as Tiler<W, 1, GEMV_ROWS>>::V as Vector>::LANES;
+    match tile_of(t.m, lanes) {
+        (1, _) => task::<W, Y, _, 1, GEMV_ROWS>(tiler, t),
+        GEMM_WIDE_FEW => task::<W, Y, _, { GEMM_WIDE_FEW.0 }, { GEMM_WIDE_FEW.1 }>(tiler, t),
+        GEMM_WIDE => task::<W, Y, _, { GEMM_WIDE.0 }, { GEMM_WIDE.1 }>(tiler, t),
+        _ => task::<W, Y, _, { GEMM_NARROW.0 }, { GEMM_NARROW.1 }>(tiler, t),
     }
 }
 
@@ -375,8 +393,8 @@ impl<V: Vector, W: Elem, const MR: usize, const NR: usize> Tiler<W, MR, NR> for 
     }
 }
 
-/// The (x rows, weight rows) tile the kernel uses for `m` rows on vectors of `lanes` lanes
-/// (mirrors `run`).
+/// The (x rows, weight rows) tile for `m` rows on vectors of `lanes` lanes: the one choice
+/// [`task_tiles`] and `plan`'s caller share.
 fn tile_of(m: usize, lanes: usize) -> (usize, usize) {
     if m == 1 {
         (1, GEMV_ROWS)
@@ -1026,7 +1044,7 @@ mod tests {
         for fast in backends() {
             for sk in kinds {
                 for wt in [DType::BF16, DType::F8E4M3Fn, DType::F8E5M2Fnuz] {
-                    for (m, n, k) in [(1, 7, 300), (3, 5, 37), (6, 130, 129)] {
+                    for (m, n, k) in [(1, 7, 300), (3, 5, 37), (6, 130, 129), (9, 7, 160)] {
                         check(&fast, m, n, k, wt, DType::F32, DType::F32, sk, 7);
                     }
                 }
