@@ -63,11 +63,13 @@ use crate::{DType, Error, Float, HostStorage, HostTensor, Result, with_float_typ
 /// 92-98% of the two-core read when the host gives the VM ~35 GB/s.
 pub(crate) const GEMV_ROWS: usize = 8;
 /// x rows and weight rows of a GEMM tile with 32 vector registers (AVX-512): 8 x 3
-/// accumulators, 3 widened weight vectors and one x vector. Widening a bf16 vector takes two
-/// instructions on the FMA ports, so the FMAs' share of those ports is MR / (MR + 2) whatever NR
-/// is. Measured on the Intel Xeon (AVX-512) VM, one thread, bf16 weights in cache at k = 4096:
-/// 95 / 108 / 113 GFLOP/s at m = 8 / 16 / 64 against 82 / 92 / 98 with 4 x 4 (4 x 6 measured as
-/// 4 x 4, 6 x 4 between).
+/// accumulators, 3 widened weight vectors and one x vector. Measured on the Intel Xeon (AVX-512)
+/// VM, one thread, bf16 weights in cache at k = 4096: 95 / 108 / 113 GFLOP/s at m = 8 / 16 / 64
+/// against 82 / 92 / 98 with 4 x 4 (4 x 6 measured as 4 x 4, 6 x 4 between). The choice came from
+/// a port model (widening a bf16 vector is two instructions on the FMA ports, so the FMAs' share
+/// is MR / (MR + 2)), which predicted the direction but is not the limit: halving the widening
+/// cost (branch `experiment/bf16-pairs`) made the tile no faster. What holds it at ~77% of the
+/// FMA peak is not settled.
 const GEMM_WIDE: (usize, usize) = (8, 3);
 /// The AVX-512 tile for fewer than `GEMM_WIDE.0` rows (decode batches of 2 to 7), whose rows
 /// would all take the 4-row rest tile: 4 x 4 spends one x load on 4 FMAs where 4 x 3 spends it on
