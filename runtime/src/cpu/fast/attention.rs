@@ -25,10 +25,18 @@
 //! accumulator are rescaled once per block (online softmax in f32), and the block's values are
 //! added with vector FMAs.
 //!
-//! Measured (AMD EPYC Zen 3, AVX2, 2 threads, the decode bench's model at an 8K context): a
-//! 64-token prefill chunk took 1.7-2.3 s with tiles and 1.8-2.7 s without (alternated runs),
-//! so no gain there: the chunk's attention is bound by arithmetic (about 50 GFLOP in about 1.2
-//! s), not by the cache reads the tiles save.
+//! A prefill tile (more than one row) whose query heads of a KV head fill at least a vector runs
+//! [`Wide`] instead, with those heads in the vector lanes: no lane sums, no scalar score stores,
+//! the softmax on whole vectors (see its doc). Measured (Intel Xeon VM, AVX-512, one thread, bf16
+//! cache, 64 rows of one slot at positions 8128-8191, 32 / 8 heads, alternated runs, best of 7):
+//! heads of 128 95-97 GFLOP/s against 41 before, heads of 64 86-87 against 26.5; on the same
+//! host's AVX2 kernels 52-53 against 39 and 46-48 against 31; two threads, heads of 128: 195
+//! against 103.
+//!
+//! Measured before [`Wide`] (AMD EPYC Zen 3, AVX2, 2 threads, the decode bench's model at an 8K
+//! context): a 64-token prefill chunk took 1.7-2.3 s with tiles and 1.8-2.7 s without
+//! (alternated runs), so no gain there: the chunk's attention is bound by arithmetic (about 50
+//! GFLOP in about 1.2 s), not by the cache reads the tiles save.
 //!
 //! Decode is bound in the core first on that host too: one thread read about 9.5 GB/s of bf16
 //! cache with the cache in L2 or L3, and only 1.3-1.8x less from memory; with 4 query heads per KV
@@ -39,8 +47,8 @@ use std::ops::Range;
 
 use half::{bf16, f16};
 
-use super::simd::{Elem, Kernel, Vector};
-use super::{Fast, SPANS_F32, TASK_F32, with_scratch};
+use super::simd::{Elem, Kernel, Simd, Vector};
+use super::{Fast, SPANS_F32, TASK_F32, WIDE_F32, with_scratch};
 use crate::ops::{AttnDims, KvCacheLayer};
 use crate::{DType, Error, Float, HostStorage, HostTensor, Result};
 
@@ -292,7 +300,7 @@ fn attend_all<K: Elem, C: Elem>(fast: &Fast, job: Job<'_, K, C>, out: &mut [f32]
                 let (maxes, denoms) = stats.split_at_mut(th);
                 gather_q(job, tile.clone(), q);
                 let p1 = reach(&tile);
-                simd.run(Span { job, tile, q, p0: 0, p1, acc: &mut *acc, maxes, denoms, scores });
+                run_span(simd, Span { job, tile, q, p0: 0, p1, acc: &mut *acc, maxes, denoms, scores });
                 for (i, (a, &den)) in acc.chunks_exact(hd).zip(&*denoms).enumerate() {
                     let (r, h) = tile_head(i, th / heads, group);
                     let inv = 1.0 / den;
@@ -320,7 +328,7 @@ fn attend_all<K: Elem, C: Elem>(fast: &Fast, job: Job<'_, K, C>, out: &mut [f32]
             with_scratch(&TASK_F32, th * (hd + POS_BLOCK), 0.0, |scratch| {
                 let (q, scores) = scratch.split_at_mut(th * hd);
                 gather_q(job, tile.clone(), q);
-                simd.run(Span { job, tile, q, p0, p1, acc, maxes, denoms, scores });
+                run_span(simd, Span { job, tile, q, p0, p1, acc, maxes, denoms, scores });
             });
         });
         let parts: &[f32] = parts;
@@ -494,6 +502,365 @@ impl<K: Elem, C: Elem> Kernel for Span<'_, '_, K, C> {
             b0 = b1;
         }
     }
+}
+
+/// Runs a span on [`Span`]'s kernel, or on [`Wide`]'s where the tile takes it ([`is_wide`]).
+fn run_span<K: Elem, C: Elem>(simd: Simd, span: Span<'_, '_, K, C>) {
+    let d = span.job.d;
+    let (n, group) = (span.tile.len(), d.heads / d.kv_heads);
+    if !is_wide(n, group, simd.lanes()) {
+        return simd.run(span);
+    }
+    let hp = (n * group).next_multiple_of(simd.lanes());
+    // Transposed queries and accumulators, maxima and denominators per kv head; scores, two
+    // rows of per-lane factors, a block of widened keys or values.
+    let len = 2 * d.kv_heads * (d.head_dim + 1) * hp + (POS_BLOCK + 2) * hp + POS_BLOCK * d.head_dim;
+    with_scratch(&WIDE_F32, len, 0.0, |work| simd.run(Wide { span, work }));
+}
+
+/// Whether a tile of `n` rows, `group` query heads per KV head, takes [`Wide`]: a prefill tile
+/// (more than one row) whose query heads of a KV head fill at least one vector of `lanes`. Decode
+/// rows (tiles of one) keep [`Span`], which is bound by the cache's reads, not by arithmetic.
+fn is_wide(n: usize, group: usize, lanes: usize) -> bool {
+    n > 1 && n * group >= lanes
+}
+
+/// [`Span`] with the query heads of a KV head in vector lanes, for prefill tiles, whose attention
+/// is bound by arithmetic: per position block and KV head, the keys are widened to f32 once, each
+/// score vector (one position, `LANES` heads) is a chain of FMAs of a broadcast key element with
+/// a row of the transposed queries, with no lane sums and no scalar stores; the softmax runs on
+/// whole vectors of heads; the values, widened once, go into a transposed accumulator
+/// (`[hd, heads]`) the same way. Positions every row of the tile attends take this path; the few
+/// past a row's own position (the tile's last rows) are masked per lane and their values summed
+/// per lane.
+struct Wide<'a, 'b, K, C> {
+    span: Span<'a, 'b, K, C>,
+    /// Scratch, see [`run_span`] for its length.
+    work: &'b mut [f32],
+}
+
+impl<K: Elem, C: Elem> Kernel for Wide<'_, '_, K, C> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<V: Vector>(self, v: V) {
+        let Wide { span, work } = self;
+        let Span { job, tile, q, p0, p1, acc, maxes, denoms, scores: _ } = span;
+        let d = job.d;
+        let (kvh, hd) = (d.kv_heads, d.head_dim);
+        let group = d.heads / kvh;
+        let slot = job.slots[tile.start] as usize;
+        let n_rows = tile.len();
+        // Lanes: the tile's query heads of one KV head, in tile-head order (row-major over the
+        // tile's rows), padded with zero queries to whole vectors.
+        let h = n_rows * group;
+        let hp = h.next_multiple_of(V::LANES);
+        let mut limits = [0usize; TILE_ROWS];
+        for (l, &p) in limits.iter_mut().zip(&job.positions[tile]) {
+            *l = p as usize + 1;
+        }
+        let limits = &limits[..n_rows];
+        // Positions before `every` are in every row's context.
+        let every = limits.iter().copied().min().unwrap_or(0);
+
+        let (qt, rest) = work.split_at_mut(kvh * hd * hp);
+        let (ot, rest) = rest.split_at_mut(kvh * hd * hp);
+        let (mx, rest) = rest.split_at_mut(kvh * hp);
+        let (dn, rest) = rest.split_at_mut(kvh * hp);
+        let (s, rest) = rest.split_at_mut(POS_BLOCK * hp);
+        let (base, rest) = rest.split_at_mut(hp);
+        let (rescale, rest) = rest.split_at_mut(hp);
+        let rows = &mut rest[..POS_BLOCK * hd];
+        // qt[g][e][l] = q of tile head g h + l, element e.
+        qt.fill(0.0);
+        for g in 0..kvh {
+            for l in 0..h {
+                let src = &q[(g * h + l) * hd..][..hd];
+                for (e, &x) in src.iter().enumerate() {
+                    qt[(g * hd + e) * hp + l] = x;
+                }
+            }
+        }
+        ot.fill(0.0);
+        mx.fill(f32::NEG_INFINITY);
+        dn.fill(0.0);
+
+        for b0 in (p0..p1).step_by(POS_BLOCK) {
+            let b1 = p1.min(b0 + POS_BLOCK);
+            let (n, known) = (b1 - b0, p1.min(b1 + AHEAD) - b0);
+            let mut offsets = [0usize; POS_BLOCK + AHEAD];
+            for (i, at) in offsets[..known].iter_mut().enumerate() {
+                *at = cache_at(d, job.table, slot, b0 + i, 0);
+            }
+            // Positions of the block in every row's context; the rest are past some rows'.
+            let full = every.clamp(b0, b1) - b0;
+            for g in 0..kvh {
+                let (qt, ot) = (&qt[g * hd * hp..][..hd * hp], &mut ot[g * hd * hp..][..hd * hp]);
+                let (mx, dn) = (&mut mx[g * hp..][..hp], &mut dn[g * hp..][..hp]);
+                for i in 0..n {
+                    // This kv head's keys and values of a later position.
+                    if let Some(&at) = offsets[..known].get(i + AHEAD) {
+                        prefetch(&job.k[at + g * hd..][..hd]);
+                        prefetch(&job.v[at + g * hd..][..hd]);
+                    }
+                    widen_row(v, &job.k[offsets[i] + g * hd..][..hd], &mut rows[i * hd..][..hd]);
+                }
+                let mut l0 = 0;
+                while l0 < hp {
+                    l0 += match (hp - l0) / V::LANES {
+                        2.. => wide_scores::<V, 2>(v, qt, rows, hd, hp, l0, n, job.scale, s),
+                        _ => wide_scores::<V, 1>(v, qt, rows, hd, hp, l0, n, job.scale, s),
+                    };
+                }
+                // Scores past a row's own position are not its context.
+                for i in full..n {
+                    for (l, x) in s[i * hp..][..h].iter_mut().enumerate() {
+                        if limits[l / group] <= b0 + i {
+                            *x = f32::NEG_INFINITY;
+                        }
+                    }
+                }
+                // Online softmax per lane: the block's maximum (NaN scores passed over, as by
+                // f32::max), what was summed under the old maximum rescaled, the weights. A lane
+                // with no position yet has maximum -inf; subtracting 0 instead gives it weights 0.
+                base.copy_from_slice(mx);
+                for i in 0..n {
+                    for (m, &x) in base.iter_mut().zip(&s[i * hp..][..hp]) {
+                        *m = if x > *m { x } else { *m };
+                    }
+                }
+                let mut moved = false;
+                for (((b, c), m), den) in
+                    base.iter_mut().zip(rescale.iter_mut()).zip(mx.iter_mut()).zip(dn.iter_mut())
+                {
+                    moved |= *b > *m;
+                    let sub = if *b == f32::NEG_INFINITY { 0.0 } else { *b };
+                    *c = exp_nonpositive(*m - sub);
+                    *den *= *c;
+                    (*m, *b) = (*b, sub);
+                }
+                if moved {
+                    for o in ot.chunks_exact_mut(hp) {
+                        for (o, &c) in o.iter_mut().zip(&*rescale) {
+                            *o *= c;
+                        }
+                    }
+                }
+                for i in 0..n {
+                    for ((x, &b), den) in s[i * hp..][..hp].iter_mut().zip(&*base).zip(dn.iter_mut()) {
+                        *x = exp_nonpositive(*x - b);
+                        *den += *x;
+                    }
+                }
+                // Values: the full positions for every lane, the others lane by lane.
+                for i in 0..n {
+                    widen_row(v, &job.v[offsets[i] + g * hd..][..hd], &mut rows[i * hd..][..hd]);
+                }
+                let mut l0 = 0;
+                while l0 < hp {
+                    l0 += match (hp - l0) / V::LANES {
+                        2.. => wide_values::<V, 2>(v, ot, s, rows, hd, hp, l0, full),
+                        _ => wide_values::<V, 1>(v, ot, s, rows, hd, hp, l0, full),
+                    };
+                }
+                for i in full..n {
+                    for l in 0..h {
+                        if limits[l / group] > b0 + i {
+                            let w = s[i * hp + l];
+                            for (e, &x) in rows[i * hd..][..hd].iter().enumerate() {
+                                ot[e * hp + l] += w * x;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // Back to tile-head order.
+        for g in 0..kvh {
+            for l in 0..h {
+                let th = g * h + l;
+                for (e, a) in acc[th * hd..][..hd].iter_mut().enumerate() {
+                    *a = ot[(g * hd + e) * hp + l];
+                }
+                maxes[th] = mx[g * hp + l];
+                denoms[th] = dn[g * hp + l];
+            }
+        }
+    }
+}
+
+/// `out = row` widened to f32.
+#[inline(always)]
+fn widen_row<V: Vector, T: Elem>(v: V, row: &[T], out: &mut [f32]) {
+    debug_assert!(T::POST == 1.0);
+    assert!(out.len() >= row.len());
+    let mut l = 0;
+    while l + V::LANES <= row.len() {
+        // SAFETY: l + LANES <= row.len() <= out.len().
+        unsafe { v.store(out.as_mut_ptr().add(l), v.load_elem(row.as_ptr().add(l))) };
+        l += V::LANES;
+    }
+    for (o, x) in out[l..].iter_mut().zip(&row[l..]) {
+        *o = x.widen();
+    }
+}
+
+/// Scores of positions `0..n` for lanes `l0..l0 + NV LANES`: `s[i hp + l] = scale sum_e
+/// rows[i hd + e] qt[e hp + l]` (keys `rows`, `[n, hd]`; transposed queries `qt`, `[hd, hp]`),
+/// several positions at a time, as registers allow. Returns `NV LANES`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn wide_scores<V: Vector, const NV: usize>(
+    v: V,
+    qt: &[f32],
+    rows: &[f32],
+    hd: usize,
+    hp: usize,
+    l0: usize,
+    n: usize,
+    scale: f32,
+    s: &mut [f32],
+) -> usize {
+    assert!(l0 + NV * V::LANES <= hp && qt.len() >= hd * hp && rows.len() >= n * hd && s.len() >= n * hp);
+    let mut i = 0;
+    while i < n {
+        // SAFETY: i + P <= n, with the lengths asserted above.
+        i += unsafe {
+            match n - i {
+                8.. if V::LANES >= 16 => wide_dots::<V, NV, 8>(v, qt, rows, hd, hp, l0, i, scale, s),
+                4.. => wide_dots::<V, NV, 4>(v, qt, rows, hd, hp, l0, i, scale, s),
+                2 | 3 => wide_dots::<V, NV, 2>(v, qt, rows, hd, hp, l0, i, scale, s),
+                _ => wide_dots::<V, NV, 1>(v, qt, rows, hd, hp, l0, i, scale, s),
+            }
+        };
+    }
+    NV * V::LANES
+}
+
+/// One step of [`wide_scores`]: positions `i..i + P`, `P NV` chains of FMAs over `hd`, each
+/// query vector loaded once for the `P` positions and each key element broadcast once for the
+/// `NV` vectors. Returns `P`.
+///
+/// # Safety
+/// `i + P <= n` and the lengths [`wide_scores`] asserts.
+#[inline(always)]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+unsafe fn wide_dots<V: Vector, const NV: usize, const P: usize>(
+    v: V,
+    qt: &[f32],
+    rows: &[f32],
+    hd: usize,
+    hp: usize,
+    l0: usize,
+    i: usize,
+    scale: f32,
+    s: &mut [f32],
+) -> usize {
+    // SAFETY (every access): the caller's contract.
+    unsafe {
+        let (q, r) = (qt.as_ptr().add(l0), rows.as_ptr().add(i * hd));
+        let mut acc = [[v.zero(); NV]; P];
+        for e in 0..hd {
+            let mut qv = [v.zero(); NV];
+            for c in 0..NV {
+                qv[c] = v.load(q.add(e * hp + c * V::LANES));
+            }
+            for j in 0..P {
+                let k = v.splat(*r.add(j * hd + e));
+                for c in 0..NV {
+                    acc[j][c] = v.fma(k, qv[c], acc[j][c]);
+                }
+            }
+        }
+        let (sc, out) = (v.splat(scale), s.as_mut_ptr().add(i * hp + l0));
+        for j in 0..P {
+            for c in 0..NV {
+                v.store(out.add(j * hp + c * V::LANES), v.mul(sc, acc[j][c]));
+            }
+        }
+    }
+    P
+}
+
+/// Values of positions `0..m` into lanes `l0..l0 + NV LANES` of the transposed accumulator:
+/// `ot[e hp + l] += sum_i s[i hp + l] rows[i hd + e]` (weights `s`, `[m, hp]`; values `rows`,
+/// `[m, hd]`), several elements at a time, as registers allow. Returns `NV LANES`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn wide_values<V: Vector, const NV: usize>(
+    v: V,
+    ot: &mut [f32],
+    s: &[f32],
+    rows: &[f32],
+    hd: usize,
+    hp: usize,
+    l0: usize,
+    m: usize,
+) -> usize {
+    assert!(l0 + NV * V::LANES <= hp && ot.len() >= hd * hp && rows.len() >= m * hd && s.len() >= m * hp);
+    let mut e = 0;
+    while e < hd {
+        // SAFETY: e + E <= hd, with the lengths asserted above.
+        e += unsafe {
+            match hd - e {
+                8.. if V::LANES >= 16 => wide_axpy::<V, NV, 8>(v, ot, s, rows, hd, hp, l0, m, e),
+                4.. => wide_axpy::<V, NV, 4>(v, ot, s, rows, hd, hp, l0, m, e),
+                2 | 3 => wide_axpy::<V, NV, 2>(v, ot, s, rows, hd, hp, l0, m, e),
+                _ => wide_axpy::<V, NV, 1>(v, ot, s, rows, hd, hp, l0, m, e),
+            }
+        };
+    }
+    NV * V::LANES
+}
+
+/// One step of [`wide_values`]: elements `e0..e0 + E`, `E NV` accumulators held in registers
+/// across the `m` positions, each weight vector loaded once for the `E` elements and each value
+/// element broadcast once for the `NV` vectors. Returns `E`.
+///
+/// # Safety
+/// `e0 + E <= hd` and the lengths [`wide_values`] asserts.
+#[inline(always)]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+unsafe fn wide_axpy<V: Vector, const NV: usize, const E: usize>(
+    v: V,
+    ot: &mut [f32],
+    s: &[f32],
+    rows: &[f32],
+    hd: usize,
+    hp: usize,
+    l0: usize,
+    m: usize,
+    e0: usize,
+) -> usize {
+    // SAFETY (every access): the caller's contract.
+    unsafe {
+        let o = ot.as_mut_ptr().add(e0 * hp + l0);
+        let mut acc = [[v.zero(); NV]; E];
+        for t in 0..E {
+            for c in 0..NV {
+                acc[t][c] = v.load(o.add(t * hp + c * V::LANES));
+            }
+        }
+        for i in 0..m {
+            let (w, r) = (s.as_ptr().add(i * hp + l0), rows.as_ptr().add(i * hd + e0));
+            let mut wv = [v.zero(); NV];
+            for c in 0..NV {
+                wv[c] = v.load(w.add(c * V::LANES));
+            }
+            for t in 0..E {
+                let x = v.splat(*r.add(t));
+                for c in 0..NV {
+                    acc[t][c] = v.fma(wv[c], x, acc[t][c]);
+                }
+            }
+        }
+        for t in 0..E {
+            for c in 0..NV {
+                v.store(o.add(t * hp + c * V::LANES), acc[t][c]);
+            }
+        }
+    }
+    E
 }
 
 /// `e^x` for `x <= 0` (a softmax term), within 2 ulps of the exact value, in plain f32 and
@@ -786,6 +1153,7 @@ mod tests {
         positions: &[u32],
         slots_of: &[u32],
         scale: f32,
+        poison: Option<(u32, u32)>,
     ) {
         let r = Reference;
         // Paged: blocks of 16 positions (POS_BLOCK straddles them), the 15 blocks of the 3 slots
@@ -812,6 +1180,18 @@ mod tests {
                 fast.kv_store(&k, &v, &mut cache, &table, &s, &p).unwrap();
                 r.kv_store(&k, &v, &mut cache_ref, &table, &s, &p).unwrap();
             }
+        }
+        // A NaN key and value element at (slot, position): the rows that attend to it are NaN,
+        // the others must not be.
+        if let Some((slot, pos)) = poison {
+            let mut kv = rng.vec(2 * kv_heads * hd);
+            kv[hd / 2] = f32::NAN;
+            kv[kv_heads * hd + hd - 1] = f32::NAN;
+            let k = fast.upload_f32(DType::F32, &[1, kv_heads, hd], &kv[..kv_heads * hd]).unwrap();
+            let v = fast.upload_f32(DType::F32, &[1, kv_heads, hd], &kv[kv_heads * hd..]).unwrap();
+            let (s, p) = (fast.upload_u32(&[1], &[slot]).unwrap(), fast.upload_u32(&[1], &[pos]).unwrap());
+            fast.kv_store(&k, &v, &mut cache, &table, &s, &p).unwrap();
+            r.kv_store(&k, &v, &mut cache_ref, &table, &s, &p).unwrap();
         }
         assert_eq!(fast.read(&cache.k).unwrap(), r.read(&cache_ref.k).unwrap());
         assert_eq!(fast.read(&cache.v).unwrap(), r.read(&cache_ref.v).unwrap());
@@ -881,7 +1261,7 @@ mod tests {
         for fast in backends() {
             for kt in [DType::F32, DType::BF16, DType::F16] {
                 for vt in [DType::F32, DType::BF16, DType::F16] {
-                    check(&fast, kt, vt, 4, 2, 17, &[0, 31, 32, 79], &[0, 1, 2, 1], 0.25);
+                    check(&fast, kt, vt, 4, 2, 17, &[0, 31, 32, 79], &[0, 1, 2, 1], 0.25, None);
                 }
             }
             // Groups of 1, 2, 3 (sets of 2 and 1), 4 and 5 (4 and 1) query heads per KV head.
@@ -898,19 +1278,32 @@ mod tests {
                     &[5, 0, 64, 33, 79],
                     &[2, 0, 0, 1, 2],
                     0.125,
+                    None,
                 );
             }
             // A peaked softmax.
-            check(&fast, DType::F32, DType::F16, 2, 1, 8, &[79, 40], &[0, 2], 30.0);
+            check(&fast, DType::F32, DType::F16, 2, 1, 8, &[79, 40], &[0, 2], 30.0, None);
             // Prefill chunks: runs of one slot's rows share tiles (of 8 and 3 rows here), whose
             // rows stop at different positions (one in another block of 32 than the tile's
             // last), beside single rows; groups of 2 and 4 query heads.
             let positions: Vec<u32> = (60..71).chain([5]).chain(0..3).chain([79, 1, 41]).collect();
             let slots_of: Vec<u32> = [[1; 11].as_slice(), &[0], &[2; 3], &[1, 2, 2]].concat();
-            check(&fast, DType::BF16, DType::F16, 4, 2, 17, &positions, &slots_of, 0.25);
-            check(&fast, DType::F32, DType::BF16, 8, 2, 32, &positions, &slots_of, 0.25);
+            check(&fast, DType::BF16, DType::F16, 4, 2, 17, &positions, &slots_of, 0.25, None);
+            check(&fast, DType::F32, DType::BF16, 8, 2, 32, &positions, &slots_of, 0.25, None);
             let positions: Vec<u32> = (20..36).chain([0, 70]).collect();
-            check(&fast, DType::BF16, DType::BF16, 8, 2, 48, &positions, &[0; 18], 0.125);
+            check(&fast, DType::BF16, DType::BF16, 8, 2, 48, &positions, &[0; 18], 0.125, None);
+            // Prefill tiles whose query heads of a KV head fill several vectors (`Wide`): 8 per
+            // KV head (64 lanes a tile: two or four chunks), 5 (40 or 35 lanes: a last chunk of
+            // one vector, padded), odd head sizes; a NaN key and value at position 66 of slot 1
+            // reach rows 66 and later only, in a tile whose rows end on both sides of it.
+            let positions: Vec<u32> = (40..56).chain(70..77).collect();
+            let slots_of: Vec<u32> = [[0; 16].as_slice(), &[2; 7]].concat();
+            check(&fast, DType::BF16, DType::BF16, 16, 2, 24, &positions, &slots_of, 0.2, None);
+            check(&fast, DType::F16, DType::BF16, 10, 2, 9, &positions, &slots_of, 0.3, None);
+            let positions: Vec<u32> = (60..72).chain(0..4).collect();
+            let slots_of: Vec<u32> = [[1; 12].as_slice(), &[1; 4]].concat();
+            check(&fast, DType::BF16, DType::F32, 32, 8, 64, &positions, &slots_of, 0.125, Some((1, 66)));
+            check(&fast, DType::F32, DType::F32, 6, 2, 5, &positions, &slots_of, 0.5, Some((1, 66)));
         }
     }
 

@@ -156,6 +156,8 @@ thread_local! {
     static X_PERMUTED: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
     /// Per-task scratch on the worker threads (attention scores, rope angles).
     static TASK_F32: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    /// A prefill tile's queries, outputs and scores with heads in vector lanes (attention).
+    static WIDE_F32: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
     /// Attention's partial results per span of a row, on the calling thread.
     static SPANS_F32: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
     /// Per-row f64 scratch (router and sampling probabilities).
