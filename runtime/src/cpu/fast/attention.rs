@@ -30,8 +30,8 @@
 //! the softmax on whole vectors (see its doc). Measured (Intel Xeon VM, AVX-512, one thread, bf16
 //! cache, 64 rows of one slot at positions 8128-8191, 32 / 8 heads, alternated runs, best of 7):
 //! heads of 128 95-97 GFLOP/s against 41 before, heads of 64 86-87 against 26.5; on the same
-//! host's AVX2 kernels 52-53 against 39 and 46-48 against 31; two threads, heads of 128: 195
-//! against 103.
+//! host's AVX2 kernels 52-53 against 39 and 46-48 against 31; two threads, heads of 128:
+//! 135-181 against 94-99 (three rounds; this host's noise).
 //!
 //! Measured before [`Wide`] (AMD EPYC Zen 3, AVX2, 2 threads, the decode bench's model at an 8K
 //! context): a 64-token prefill chunk took 1.7-2.3 s with tiles and 1.8-2.7 s without
