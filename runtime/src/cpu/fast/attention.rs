@@ -28,10 +28,10 @@
 //! A prefill tile (more than one row) whose query heads of a KV head fill at least a vector runs
 //! [`Wide`] instead, with those heads in the vector lanes: no lane sums, no scalar score stores,
 //! the softmax on whole vectors (see its doc). Measured (Intel Xeon VM, AVX-512, one thread, bf16
-//! cache, 64 rows of one slot at positions 8128-8191, 32 / 8 heads, alternated runs, best of 7):
-//! heads of 128 95-97 GFLOP/s against 41 before, heads of 64 86-87 against 26.5; on the same
-//! host's AVX2 kernels 52-53 against 39 and 46-48 against 31; two threads, heads of 128:
-//! 135-181 against 94-99 (three rounds; this host's noise).
+//! cache, 64 rows of one slot at positions 8128-8191 in tiles of 8, 32 / 8 heads, alternated runs,
+//! best of 7): heads of 128 95-97 GFLOP/s against 41 before, heads of 64 86-87 against 26.5; on
+//! the same host's AVX2 kernels 52-53 against 39 and 46-48 against 31; two threads, heads of 128:
+//! 135-181 against 94-99 (three rounds; this host's noise). Tiles of 16: see [`TILE_ROWS`].
 //!
 //! Measured before [`Wide`] (AMD EPYC Zen 3, AVX2, 2 threads, the decode bench's model at an 8K
 //! context): a 64-token prefill chunk took 1.7-2.3 s with tiles and 1.8-2.7 s without
@@ -230,8 +230,11 @@ fn spans_per_row(rows: usize, longest: usize, threads: usize, min_span: usize) -
 
 /// Most rows of one slot in a tile. Consecutive rows of one slot (a prefill chunk) share each
 /// cached position's reads: a chunk of R rows reads the cache about R / `TILE_ROWS` times
-/// rather than R. Each row still attends to its own positions only.
-const TILE_ROWS: usize = 8;
+/// rather than R. Each row still attends to its own positions only. With [`Wide`], 16 rows
+/// rather than 8 measured 98-101 GFLOP/s against 86-96 (Intel Xeon VM, AVX-512, one thread, heads
+/// of 128, alternated runs; 91-92 against 85-87 with heads of 64, AVX2 57-58 against 53-55): each
+/// key and value element, widened once per tile, feeds twice the FMAs.
+const TILE_ROWS: usize = 16;
 
 /// The tiles of a call: runs of consecutive rows of one slot, at most `TILE_ROWS` each.
 fn tiles(slots: &[u32]) -> Vec<Range<usize>> {
@@ -1283,27 +1286,27 @@ mod tests {
             }
             // A peaked softmax.
             check(&fast, DType::F32, DType::F16, 2, 1, 8, &[79, 40], &[0, 2], 30.0, None);
-            // Prefill chunks: runs of one slot's rows share tiles (of 8 and 3 rows here), whose
+            // Prefill chunks: runs of one slot's rows share tiles (of 16 and 3 rows here), whose
             // rows stop at different positions (one in another block of 32 than the tile's
             // last), beside single rows; groups of 2 and 4 query heads.
-            let positions: Vec<u32> = (60..71).chain([5]).chain(0..3).chain([79, 1, 41]).collect();
-            let slots_of: Vec<u32> = [[1; 11].as_slice(), &[0], &[2; 3], &[1, 2, 2]].concat();
+            let positions: Vec<u32> = (60..79).chain([5]).chain(0..3).chain([79, 1, 41]).collect();
+            let slots_of: Vec<u32> = [[1; 19].as_slice(), &[0], &[2; 3], &[1, 2, 2]].concat();
             check(&fast, DType::BF16, DType::F16, 4, 2, 17, &positions, &slots_of, 0.25, None);
             check(&fast, DType::F32, DType::BF16, 8, 2, 32, &positions, &slots_of, 0.25, None);
             let positions: Vec<u32> = (20..36).chain([0, 70]).collect();
             check(&fast, DType::BF16, DType::BF16, 8, 2, 48, &positions, &[0; 18], 0.125, None);
             // Prefill tiles whose query heads of a KV head fill several vectors (`Wide`): 8 per
-            // KV head (64 lanes a tile: two or four chunks), 5 (40 or 35 lanes: a last chunk of
-            // one vector, padded), odd head sizes; a NaN key and value at position 66 of slot 1
-            // reach rows 66 and later only, in a tile whose rows end on both sides of it.
+            // KV head (128 lanes in a tile of 16 rows: 4 chunks of 2 vectors, or 8), 5 (80 and 35
+            // lanes: a last chunk of one vector, padded in the 35), odd head sizes; a NaN key and
+            // value at position 66 of slot 1 reach rows 66 and later only, in a tile whose rows
+            // end on both sides of it.
             let positions: Vec<u32> = (40..56).chain(70..77).collect();
             let slots_of: Vec<u32> = [[0; 16].as_slice(), &[2; 7]].concat();
             check(&fast, DType::BF16, DType::BF16, 16, 2, 24, &positions, &slots_of, 0.2, None);
             check(&fast, DType::F16, DType::BF16, 10, 2, 9, &positions, &slots_of, 0.3, None);
             let positions: Vec<u32> = (60..72).chain(0..4).collect();
-            let slots_of: Vec<u32> = [[1; 12].as_slice(), &[1; 4]].concat();
-            check(&fast, DType::BF16, DType::F32, 32, 8, 64, &positions, &slots_of, 0.125, Some((1, 66)));
-            check(&fast, DType::F32, DType::F32, 6, 2, 5, &positions, &slots_of, 0.5, Some((1, 66)));
+            check(&fast, DType::BF16, DType::F32, 32, 8, 64, &positions, &[1; 16], 0.125, Some((1, 66)));
+            check(&fast, DType::F32, DType::F32, 6, 2, 5, &positions, &[1; 16], 0.5, Some((1, 66)));
         }
     }
 
