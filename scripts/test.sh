@@ -19,5 +19,4 @@ done
 host="$(rustc -vV | sed -n 's/^host: //p')"
 runner_var="CARGO_TARGET_$(echo "$host" | tr 'a-z-' 'A-Z_')_RUNNER"
 export "$runner_var=$PWD/scripts/asan-runner.sh"
-# Line tables are enough for ASan reports and halve the debug info of the second build.
-MEMWALL_SIMT_ASAN=1 CARGO_PROFILE_TEST_DEBUG=line-tables-only cargo test --locked -p memwall --features emulate --target-dir target/asan "${suites[@]}" "$@"
+MEMWALL_SIMT_ASAN=1 cargo test --locked -p memwall --features emulate --target-dir target/asan "${suites[@]}" "$@"

@@ -283,6 +283,10 @@ fn attend_all<K: Elem, C: Elem>(fast: &Fast, job: Job<'_, K, C>, out: &mut [f32]
     let work = (0..rows).map(len_of).sum::<usize>() * heads * hd;
     let spans = spans_per_row(tiles.len(), longest, fast.threads, min_span);
     let simd = fast.simd;
+    // Scores scratch of a tile of `th` query heads: `Wide`'s is its own.
+    let scores_len = |t: &Range<usize>, th: usize| {
+        if is_wide(t.len(), group, simd.lanes()) { 0 } else { th * POS_BLOCK }
+    };
     // Each tile's rows of `out`.
     let mut outs: Vec<&mut [f32]> = Vec::with_capacity(tiles.len());
     let mut rest = out;
@@ -296,10 +300,11 @@ fn attend_all<K: Elem, C: Elem>(fast: &Fast, job: Job<'_, K, C>, out: &mut [f32]
         fast.for_each_chunk(&mut outs, 1, work, |t, out| {
             let tile = tiles[t].clone();
             let th = tile.len() * heads;
-            with_scratch(&TASK_F32, th * (2 * hd + POS_BLOCK + 2), 0.0, |scratch| {
+            let sl = scores_len(&tile, th);
+            with_scratch(&TASK_F32, th * (2 * hd + 2) + sl, 0.0, |scratch| {
                 let (q, rest) = scratch.split_at_mut(th * hd);
                 let (acc, rest) = rest.split_at_mut(th * hd);
-                let (scores, stats) = rest.split_at_mut(th * POS_BLOCK);
+                let (scores, stats) = rest.split_at_mut(sl);
                 let (maxes, denoms) = stats.split_at_mut(th);
                 gather_q(job, tile.clone(), q);
                 let p1 = reach(&tile);
@@ -328,7 +333,7 @@ fn attend_all<K: Elem, C: Elem>(fast: &Fast, job: Job<'_, K, C>, out: &mut [f32]
             let (acc, stats) = part.split_at_mut(th * hd);
             let (maxes, rest) = stats.split_at_mut(th);
             let denoms = &mut rest[..th];
-            with_scratch(&TASK_F32, th * (hd + POS_BLOCK), 0.0, |scratch| {
+            with_scratch(&TASK_F32, th * hd + scores_len(&tile, th), 0.0, |scratch| {
                 let (q, scores) = scratch.split_at_mut(th * hd);
                 gather_q(job, tile.clone(), q);
                 run_span(simd, Span { job, tile, q, p0, p1, acc, maxes, denoms, scores });
@@ -387,7 +392,7 @@ struct Span<'a, 'b, K, C> {
     acc: &'b mut [f32],
     maxes: &'b mut [f32],
     denoms: &'b mut [f32],
-    /// `th * POS_BLOCK`.
+    /// `th * POS_BLOCK`; empty where the tile takes [`Wide`], which has its own.
     scores: &'b mut [f32],
 }
 
@@ -611,8 +616,8 @@ impl<K: Elem, C: Elem> Kernel for Wide<'_, '_, K, C> {
                 let mut l0 = 0;
                 while l0 < hp {
                     l0 += match (hp - l0) / V::LANES {
-                        2.. => wide_scores::<V, 2>(v, qt, rows, hd, hp, l0, n, job.scale, s),
-                        _ => wide_scores::<V, 1>(v, qt, rows, hd, hp, l0, n, job.scale, s),
+                        2.. => wide_product::<V, 2, false>(v, rows, qt, s, hd, hp, l0, n, job.scale),
+                        _ => wide_product::<V, 1, false>(v, rows, qt, s, hd, hp, l0, n, job.scale),
                     };
                 }
                 // Scores past a row's own position are not its context.
@@ -662,8 +667,8 @@ impl<K: Elem, C: Elem> Kernel for Wide<'_, '_, K, C> {
                 let mut l0 = 0;
                 while l0 < hp {
                     l0 += match (hp - l0) / V::LANES {
-                        2.. => wide_values::<V, 2>(v, ot, s, rows, hd, hp, l0, full),
-                        _ => wide_values::<V, 1>(v, ot, s, rows, hd, hp, l0, full),
+                        2.. => wide_product::<V, 2, true>(v, rows, s, ot, hd, hp, l0, full, 1.0),
+                        _ => wide_product::<V, 1, true>(v, rows, s, ot, hd, hp, l0, full, 1.0),
                     };
                 }
                 for i in full..n {
@@ -708,162 +713,105 @@ fn widen_row<V: Vector, T: Elem>(v: V, row: &[T], out: &mut [f32]) {
     }
 }
 
-/// Scores of positions `0..n` for lanes `l0..l0 + NV LANES`: `s[i hp + l] = scale sum_e
-/// rows[i hd + e] qt[e hp + l]` (keys `rows`, `[n, hd]`; transposed queries `qt`, `[hd, hp]`),
-/// several positions at a time, as registers allow. Returns `NV LANES`.
+/// The two products of [`Wide`], each `out[a hp + l] (+)= sum_k A(a, k) b[k hp + l]` for lanes
+/// `l0..l0 + NV LANES`, with `b` read in vectors and each element of `A` (from `rows`, `[n, hd]`,
+/// the block's widened keys or values) broadcast:
+/// - scores (`VALUES` false): `a` a position (`0..n`), `k` an element (`0..hd`), `A(a, k) =
+///   rows[a hd + k]`, `b` the transposed queries (`[hd, hp]`); `out`, the block's scores
+///   (`[n, hp]`), is written, times `scale`.
+/// - values (`VALUES` true): `a` an element (`0..hd`), `k` a position (`0..n`), `A(a, k) =
+///   rows[k hd + a]`, `b` the weights (`[n, hp]`); `out`, the transposed accumulator (`[hd,
+///   hp]`), is added to.
+///
+/// Several `a` at a time, as registers allow. Returns `NV LANES`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn wide_scores<V: Vector, const NV: usize>(
+fn wide_product<V: Vector, const NV: usize, const VALUES: bool>(
     v: V,
-    qt: &[f32],
     rows: &[f32],
+    b: &[f32],
+    out: &mut [f32],
     hd: usize,
     hp: usize,
     l0: usize,
     n: usize,
     scale: f32,
-    s: &mut [f32],
 ) -> usize {
-    assert!(l0 + NV * V::LANES <= hp && qt.len() >= hd * hp && rows.len() >= n * hd && s.len() >= n * hp);
-    let mut i = 0;
-    while i < n {
-        // SAFETY: i + P <= n, with the lengths asserted above.
-        i += unsafe {
-            match n - i {
-                8.. if V::LANES >= 16 => wide_dots::<V, NV, 8>(v, qt, rows, hd, hp, l0, i, scale, s),
-                4.. => wide_dots::<V, NV, 4>(v, qt, rows, hd, hp, l0, i, scale, s),
-                2 | 3 => wide_dots::<V, NV, 2>(v, qt, rows, hd, hp, l0, i, scale, s),
-                _ => wide_dots::<V, NV, 1>(v, qt, rows, hd, hp, l0, i, scale, s),
+    let (an, kn) = if VALUES { (hd, n) } else { (n, hd) };
+    assert!(l0 + NV * V::LANES <= hp && rows.len() >= n * hd && b.len() >= kn * hp && out.len() >= an * hp);
+    let mut a = 0;
+    while a < an {
+        // SAFETY: a + R <= an, with the lengths asserted above.
+        a += unsafe {
+            match an - a {
+                8.. if V::LANES >= 16 => {
+                    wide_step::<V, NV, 8, VALUES>(v, rows, b, out, hd, hp, l0, kn, a, scale)
+                }
+                4.. => wide_step::<V, NV, 4, VALUES>(v, rows, b, out, hd, hp, l0, kn, a, scale),
+                2 | 3 => wide_step::<V, NV, 2, VALUES>(v, rows, b, out, hd, hp, l0, kn, a, scale),
+                _ => wide_step::<V, NV, 1, VALUES>(v, rows, b, out, hd, hp, l0, kn, a, scale),
             }
         };
     }
     NV * V::LANES
 }
 
-/// One step of [`wide_scores`]: positions `i..i + P`, `P NV` chains of FMAs over `hd`, each
-/// query vector loaded once for the `P` positions and each key element broadcast once for the
-/// `NV` vectors. Returns `P`.
+/// One step of [`wide_product`]: `a0..a0 + R`, `R NV` accumulators held in registers over the
+/// `kn` terms, each vector of `b` loaded once for the `R` rows of `A` and each element of `A`
+/// broadcast once for the `NV` vectors. Returns `R`.
 ///
 /// # Safety
-/// `i + P <= n` and the lengths [`wide_scores`] asserts.
+/// `a0 + R` is at most `hd` (values) or `n` (scores), and the lengths [`wide_product`] asserts.
 #[inline(always)]
 #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
-unsafe fn wide_dots<V: Vector, const NV: usize, const P: usize>(
+unsafe fn wide_step<V: Vector, const NV: usize, const R: usize, const VALUES: bool>(
     v: V,
-    qt: &[f32],
     rows: &[f32],
+    b: &[f32],
+    out: &mut [f32],
     hd: usize,
     hp: usize,
     l0: usize,
-    i: usize,
+    kn: usize,
+    a0: usize,
     scale: f32,
-    s: &mut [f32],
 ) -> usize {
     // SAFETY (every access): the caller's contract.
     unsafe {
-        let (q, r) = (qt.as_ptr().add(l0), rows.as_ptr().add(i * hd));
-        let mut acc = [[v.zero(); NV]; P];
-        for e in 0..hd {
-            let mut qv = [v.zero(); NV];
-            for c in 0..NV {
-                qv[c] = v.load(q.add(e * hp + c * V::LANES));
-            }
-            for j in 0..P {
-                let k = v.splat(*r.add(j * hd + e));
+        let o = out.as_mut_ptr().add(a0 * hp + l0);
+        // A(a0 + j, k) = r[j sa + k sk].
+        let (r, sa, sk) =
+            if VALUES { (rows.as_ptr().add(a0), 1, hd) } else { (rows.as_ptr().add(a0 * hd), hd, 1) };
+        let b = b.as_ptr().add(l0);
+        let mut acc = [[v.zero(); NV]; R];
+        if VALUES {
+            for j in 0..R {
                 for c in 0..NV {
-                    acc[j][c] = v.fma(k, qv[c], acc[j][c]);
+                    acc[j][c] = v.load(o.add(j * hp + c * V::LANES));
                 }
             }
         }
-        let (sc, out) = (v.splat(scale), s.as_mut_ptr().add(i * hp + l0));
-        for j in 0..P {
+        for k in 0..kn {
+            let mut bv = [v.zero(); NV];
             for c in 0..NV {
-                v.store(out.add(j * hp + c * V::LANES), v.mul(sc, acc[j][c]));
+                bv[c] = v.load(b.add(k * hp + c * V::LANES));
             }
-        }
-    }
-    P
-}
-
-/// Values of positions `0..m` into lanes `l0..l0 + NV LANES` of the transposed accumulator:
-/// `ot[e hp + l] += sum_i s[i hp + l] rows[i hd + e]` (weights `s`, `[m, hp]`; values `rows`,
-/// `[m, hd]`), several elements at a time, as registers allow. Returns `NV LANES`.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn wide_values<V: Vector, const NV: usize>(
-    v: V,
-    ot: &mut [f32],
-    s: &[f32],
-    rows: &[f32],
-    hd: usize,
-    hp: usize,
-    l0: usize,
-    m: usize,
-) -> usize {
-    assert!(l0 + NV * V::LANES <= hp && ot.len() >= hd * hp && rows.len() >= m * hd && s.len() >= m * hp);
-    let mut e = 0;
-    while e < hd {
-        // SAFETY: e + E <= hd, with the lengths asserted above.
-        e += unsafe {
-            match hd - e {
-                8.. if V::LANES >= 16 => wide_axpy::<V, NV, 8>(v, ot, s, rows, hd, hp, l0, m, e),
-                4.. => wide_axpy::<V, NV, 4>(v, ot, s, rows, hd, hp, l0, m, e),
-                2 | 3 => wide_axpy::<V, NV, 2>(v, ot, s, rows, hd, hp, l0, m, e),
-                _ => wide_axpy::<V, NV, 1>(v, ot, s, rows, hd, hp, l0, m, e),
-            }
-        };
-    }
-    NV * V::LANES
-}
-
-/// One step of [`wide_values`]: elements `e0..e0 + E`, `E NV` accumulators held in registers
-/// across the `m` positions, each weight vector loaded once for the `E` elements and each value
-/// element broadcast once for the `NV` vectors. Returns `E`.
-///
-/// # Safety
-/// `e0 + E <= hd` and the lengths [`wide_values`] asserts.
-#[inline(always)]
-#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
-unsafe fn wide_axpy<V: Vector, const NV: usize, const E: usize>(
-    v: V,
-    ot: &mut [f32],
-    s: &[f32],
-    rows: &[f32],
-    hd: usize,
-    hp: usize,
-    l0: usize,
-    m: usize,
-    e0: usize,
-) -> usize {
-    // SAFETY (every access): the caller's contract.
-    unsafe {
-        let o = ot.as_mut_ptr().add(e0 * hp + l0);
-        let mut acc = [[v.zero(); NV]; E];
-        for t in 0..E {
-            for c in 0..NV {
-                acc[t][c] = v.load(o.add(t * hp + c * V::LANES));
-            }
-        }
-        for i in 0..m {
-            let (w, r) = (s.as_ptr().add(i * hp + l0), rows.as_ptr().add(i * hd + e0));
-            let mut wv = [v.zero(); NV];
-            for c in 0..NV {
-                wv[c] = v.load(w.add(c * V::LANES));
-            }
-            for t in 0..E {
-                let x = v.splat(*r.add(t));
+            for j in 0..R {
+                let x = v.splat(*r.add(j * sa + k * sk));
                 for c in 0..NV {
-                    acc[t][c] = v.fma(wv[c], x, acc[t][c]);
+                    acc[j][c] = v.fma(x, bv[c], acc[j][c]);
                 }
             }
         }
-        for t in 0..E {
+        let sc = v.splat(scale);
+        for j in 0..R {
             for c in 0..NV {
-                v.store(o.add(t * hp + c * V::LANES), acc[t][c]);
+                let y = if VALUES { acc[j][c] } else { v.mul(sc, acc[j][c]) };
+                v.store(o.add(j * hp + c * V::LANES), y);
             }
         }
     }
-    E
+    R
 }
 
 /// `e^x` for `x <= 0` (a softmax term), within 2 ulps of the exact value, in plain f32 and
