@@ -32,6 +32,9 @@
 //! best of 7): heads of 128 95-97 GFLOP/s against 41 before, heads of 64 86-87 against 26.5; on
 //! the same host's AVX2 kernels 52-53 against 39 and 46-48 against 31; two threads, heads of 128:
 //! 135-181 against 94-99 (three rounds; this host's noise). Tiles of 16: see [`TILE_ROWS`].
+//! Its scratch starting on a cache line (`SCRATCH_ALIGN`; the transposed rows are whole
+//! vectors, so no load then straddles two lines): heads of 128 109-111 GFLOP/s against 97-102,
+//! heads of 64 91-100 against 71-93 (same loop, three alternated rounds).
 //!
 //! Measured before [`Wide`] (AMD EPYC Zen 3, AVX2, 2 threads, the decode bench's model at an 8K
 //! context): a 64-token prefill chunk took 1.7-2.3 s with tiles and 1.8-2.7 s without
@@ -233,7 +236,11 @@ fn spans_per_row(rows: usize, longest: usize, threads: usize, min_span: usize) -
 /// rather than R. Each row still attends to its own positions only. With [`Wide`], 16 rows
 /// rather than 8 measured 98-101 GFLOP/s against 86-96 (Intel Xeon VM, AVX-512, one thread, heads
 /// of 128, alternated runs; 91-92 against 85-87 with heads of 64, AVX2 57-58 against 53-55): each
-/// key and value element, widened once per tile, feeds twice the FMAs.
+/// key and value element, widened once per tile, feeds twice the FMAs. 32 rows measured alike or
+/// worse (88-95 against 99-100, two rounds on a busy host, before the scratch was aligned; each
+/// KV head's transposed queries and accumulator, 64 KB each at heads of 128, then leave L1); so
+/// did asking for the next KV head's keys and values while the current one is scored, with or
+/// without the positions 4 ahead.
 const TILE_ROWS: usize = 16;
 
 /// The tiles of a call: runs of consecutive rows of one slot, at most `TILE_ROWS` each.
